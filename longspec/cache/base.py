@@ -1,0 +1,49 @@
+"""The interface every KV cache offers the model's attention.
+
+A forward over q new tokens asks the cache for a plan: the contiguous slots
+[start, start + q) that the new keys and values go to, and the number of key slots to attend to.
+Every new token sees every occupied slot outside its own block; inside the block it sees what
+the block mask allows (causal for a chain, ancestors for a draft tree). The forward writes and
+reads through the cache, but only the engine moves the cache's committed length.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    start: int                        # first slot of the new block
+    q: int                            # new tokens in the block
+    n_keys: int                       # attend to key slots [0, n_keys)
+    block_mask: torch.Tensor | None   # additive [q, q] over the block's own slots; None: see all
+
+
+def causal_mask(q: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive [q, q] mask: token i sees tokens 0..i of its block."""
+    full = torch.full((q, q), float("-inf"), dtype=dtype, device=device)
+    return torch.triu(full, diagonal=1)
+
+
+class KVCache(ABC):
+    """Per-layer key/value buffers [kv_heads, capacity, head_dim]."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @abstractmethod
+    def plan(self, q: int, block_mask: torch.Tensor | None) -> AttentionPlan:
+        """Where a block of q new tokens goes and what it attends to."""
+
+    def write(self, layer: int, plan: AttentionPlan, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [kv_heads, q, head_dim] in the plan's block; return the keys and values
+        [kv_heads, n_keys, head_dim] to attend to."""
+        end = plan.start + plan.q
+        self.k[layer][:, plan.start:end] = k
+        self.v[layer][:, plan.start:end] = v
+        return self.k[layer][:, :plan.n_keys], self.v[layer][:, :plan.n_keys]

@@ -1,0 +1,49 @@
+"""The full static KV cache: preallocated, written by position, rolled back by moving an integer."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import AttentionPlan, KVCache
+
+
+class StaticCache(KVCache):
+    """Keys and values of every committed token, slot i holding position i.
+
+    `length` counts committed slots. A forward writes its block at [length, length + q); the
+    engine then commits (`commit`), keeps a chosen subset (`keep`) or drops it (nothing to do).
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device):
+        shape = (num_kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.capacity = capacity
+        self.length = 0
+
+    @classmethod
+    def for_model(cls, config, capacity: int, dtype: torch.dtype, device) -> StaticCache:
+        return cls(config.num_layers, config.num_kv_heads, config.head_dim, capacity, dtype, device)
+
+    def plan(self, q: int, block_mask: torch.Tensor | None) -> AttentionPlan:
+        if self.length + q > self.capacity:
+            raise RuntimeError(f"KV cache full: {self.length} + {q} > capacity {self.capacity}")
+        return AttentionPlan(self.length, q, self.length + q, block_mask)
+
+    def commit(self, n: int) -> None:
+        """Keep the first n slots of the last block."""
+        self.length += n
+
+    def rollback(self, length: int) -> None:
+        self.length = length
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep the block slots `indices` (relative to the block, increasing), compacted in order
+        into contiguous slots after the committed ones: one gather and copy per layer."""
+        n = len(indices)
+        if indices != list(range(n)):
+            src = torch.tensor(indices, device=self.k[0].device) + self.length
+            for buf in (*self.k, *self.v):
+                buf[:, self.length:self.length + n] = buf.index_select(1, src)
+        self.length += n

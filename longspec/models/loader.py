@@ -1,0 +1,234 @@
+"""Load a local Hugging Face checkpoint into the compact transformer.
+
+A checkpoint directory holds `config.json`, weights as `model.safetensors` or shards listed in
+`model.safetensors.index.json`, and optionally a tokenizer that transformers' AutoTokenizer reads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..memory import available_bytes, format_bytes
+from .config import ModelConfig, as_ids, read_config
+from .transformer import Transformer
+
+DEMO_MODELS = {"demo": "target", "demo-draft": "draft"}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+# Measured on the project's 2-core CPU (BENCHMARKS.md): the fastest dtype for decoding there.
+CPU_AUTO_DTYPE = torch.float32
+
+
+def demo_path(name: str = "demo") -> Path:
+    """Directory of a bundled demo model: 'demo' (target) or 'demo-draft'."""
+    if name not in DEMO_MODELS:
+        raise ValueError(f"unknown demo model {name!r}; bundled: {', '.join(DEMO_MODELS)}")
+    return Path(__file__).resolve().parent.parent / "zoo" / "demo" / DEMO_MODELS[name]
+
+
+@dataclass(eq=False)
+class Model:
+    """A loaded model: the network, its configuration and (when the checkpoint has one) its
+    tokenizer. `state` keeps what drafters learn across calls on this model (hot start)."""
+
+    net: Transformer
+    config: ModelConfig
+    tokenizer: Any | None
+    path: Path
+    generation_eos: tuple[int, ...] = ()   # eos_token_id of generation_config.json
+    state: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.net.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.net.dtype
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """End-of-sequence ids from the config, the generation config and the tokenizer."""
+        ids = set(self.config.eos_token_ids) | set(self.generation_eos)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    def __repr__(self) -> str:
+        return f"Model({str(self.path)!r}, {self.config.model_type}, {self.dtype}, {self.device})"
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else CPU_AUTO_DTYPE
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index} is not a valid safetensors index: {e}") from None
+        files = [model_dir / n for n in names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{model_dir} lacks shards listed in its index: {', '.join(missing)}")
+        return files
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ValueError(f"{model_dir} has no model.safetensors (nor a sharded index); "
+                     "convert the checkpoint with save_pretrained(safe_serialization=True)")
+
+
+def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    """All tensors of the safetensors files, names without the 'model.' prefix."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in files:
+        try:
+            loaded = load_file(str(f))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"cannot read {f}: {e}") from None
+        for name, t in loaded.items():
+            tensors[name.removeprefix("model.")] = t
+    return tensors
+
+
+def _layer_weights(t: dict[str, torch.Tensor], i: int, c: ModelConfig) -> dict[str, torch.Tensor]:
+    p = f"layers.{i}."
+
+    def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        if p + name not in t:
+            raise ValueError(f"checkpoint lacks tensor '{p + name}'")
+        w = t[p + name]
+        if shape is not None and tuple(w.shape) != shape:
+            raise ValueError(f"tensor '{p + name}' has shape {tuple(w.shape)}, config implies {shape}")
+        return w
+
+    def opt(name: str) -> torch.Tensor | None:
+        return t.get(p + name)
+
+    h, d = c.hidden_size, c.head_dim
+    attn = "self_attn."
+    qkv = [get(attn + "q_proj.weight", (c.num_heads * d, h)),
+           get(attn + "k_proj.weight", (c.num_kv_heads * d, h)),
+           get(attn + "v_proj.weight", (c.num_kv_heads * d, h))]
+    biases = [opt(attn + f"{n}_proj.bias") for n in "qkv"]
+    w = {
+        "attn_norm": get("input_layernorm.weight", (h,)),
+        "wqkv": torch.cat(qkv),
+        "wo": get(attn + "o_proj.weight", (h, c.num_heads * d)),
+        "bo": opt(attn + "o_proj.bias"),
+        "mlp_norm": get("post_attention_layernorm.weight", (h,)),
+        "w_gate_up": torch.cat([get("mlp.gate_proj.weight", (c.intermediate_size, h)),
+                                get("mlp.up_proj.weight", (c.intermediate_size, h))]),
+        "w_down": get("mlp.down_proj.weight", (h, c.intermediate_size)),
+        "b_down": opt("mlp.down_proj.bias"),
+    }
+    if any(b is not None for b in biases):
+        w["bqkv"] = torch.cat([b if b is not None else torch.zeros(n.shape[0], dtype=n.dtype)
+                               for b, n in zip(biases, qkv)])
+    if opt("mlp.gate_proj.bias") is not None:
+        w["b_gate_up"] = torch.cat([get("mlp.gate_proj.bias"), get("mlp.up_proj.bias")])
+    if c.qk_norm:
+        w["q_norm"] = get(attn + "q_norm.weight", (d,))
+        w["k_norm"] = get(attn + "k_norm.weight", (d,))
+    return w
+
+
+def build_transformer(config: ModelConfig, tensors: dict[str, torch.Tensor],
+                      dtype: torch.dtype, device: torch.device) -> Transformer:
+    def cast(w: torch.Tensor | None) -> torch.Tensor | None:
+        return None if w is None else w.to(device=device, dtype=dtype)
+
+    if "embed_tokens.weight" not in tensors:
+        raise ValueError("checkpoint lacks 'model.embed_tokens.weight'")
+    embed = tensors["embed_tokens.weight"]
+    if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
+        raise ValueError(f"embedding has shape {tuple(embed.shape)}, config implies "
+                         f"{(config.vocab_size, config.hidden_size)}")
+    head = None if config.tie_word_embeddings else tensors.get("lm_head.weight")
+    top = {"embed": cast(embed), "norm": cast(tensors.get("norm.weight")), "lm_head": cast(head)}
+    if top["norm"] is None:
+        raise ValueError("checkpoint lacks 'model.norm.weight'")
+    layers = [{k: cast(v) for k, v in _layer_weights(tensors, i, config).items()}
+              for i in range(config.num_layers)]
+    return Transformer(config, top, layers)
+
+
+def _check_weight_memory(n_params: int, dtype: torch.dtype, device: torch.device) -> None:
+    need = n_params * dtype.itemsize
+    free = available_bytes(device)
+    if need > free:
+        raise ValueError(f"the weights need {format_bytes(need)} in {dtype} but only "
+                         f"{format_bytes(free)} is free on {device}; use a smaller dtype or model")
+
+
+def _generation_eos(model_dir: Path) -> tuple[int, ...]:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        return as_ids(json.loads(path.read_text()).get("eos_token_id"))
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return ()
+
+
+def load_tokenizer(model_dir: Path):
+    """transformers' AutoTokenizer for the directory, or None when it holds no tokenizer."""
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any((model_dir / n).is_file() for n in names):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load the tokenizer in {model_dir}: {e}") from None
+
+
+def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
+               device: str | torch.device = "auto") -> Model:
+    """Load a checkpoint directory, or a bundled demo model by name ('demo', 'demo-draft')."""
+    model_dir = demo_path(str(path)) if str(path) in DEMO_MODELS else Path(path)
+    if not model_dir.is_dir():
+        raise ValueError(f"model directory {str(path)!r} not found; pass a Hugging Face checkpoint "
+                         f"directory or one of: {', '.join(DEMO_MODELS)}")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    config = read_config(model_dir)
+    files = _weight_files(model_dir)
+    tensors = read_tensors(files)
+    _check_weight_memory(sum(t.numel() for t in tensors.values()), dt, dev)
+    net = build_transformer(config, tensors, dt, dev)
+    return Model(net, config, load_tokenizer(model_dir), model_dir, _generation_eos(model_dir))

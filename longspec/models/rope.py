@@ -1,0 +1,97 @@
+"""Rotary position embeddings: inverse frequencies for each supported scaling, and their use.
+
+Dynamic NTK scaling depends on the sequence length. Here that length is fixed per generation
+(prompt + max_new_tokens), so every method of decoding sees the same rotation; transformers
+instead rescales as the sequence grows, which makes its output depend on how far it has read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import RopeConfig
+
+
+def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _llama3(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    original = rope.original_max_positions
+    low_wavelen = original / rope.low_freq_factor
+    high_wavelen = original / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (original / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
+    if rope.attention_factor is not None:
+        attention = float(rope.attention_factor)
+    elif rope.mscale and rope.mscale_all_dim:
+        attention = _yarn_mscale(rope.factor, rope.mscale) / _yarn_mscale(rope.factor, rope.mscale_all_dim)
+    else:
+        attention = _yarn_mscale(rope.factor)
+
+    def correction_dim(rotations: float) -> float:
+        ratio = rope.original_max_positions / (rotations * 2 * math.pi)
+        return dim * math.log(ratio) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = _base_inv_freq(rope.theta, dim)
+    interpolation = extrapolation / rope.factor
+    keep = 1 - ramp  # share of each frequency left unscaled
+    return interpolation * (1 - keep) + extrapolation * keep, attention
+
+
+def rope_frequencies(rope: RopeConfig, head_dim: int, max_positions: int,
+                     seq_len: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim // 2] (fp32) and the scale applied to cos/sin.
+
+    `seq_len` is the longest sequence this rotation will serve (only dynamic scaling uses it).
+    """
+    if rope.type == "default":
+        return _base_inv_freq(rope.theta, head_dim), 1.0
+    if rope.type == "linear":
+        return _base_inv_freq(rope.theta, head_dim) / rope.factor, 1.0
+    if rope.type == "dynamic":
+        theta = rope.theta
+        if seq_len > max_positions:
+            growth = rope.factor * seq_len / max_positions - (rope.factor - 1)
+            theta = theta * growth ** (head_dim / (head_dim - 2))
+        return _base_inv_freq(theta, head_dim), 1.0
+    if rope.type == "llama3":
+        return _llama3(_base_inv_freq(rope.theta, head_dim), rope), 1.0
+    if rope.type == "yarn":
+        return _yarn(rope, head_dim)
+    raise ValueError(f"unsupported RoPE type {rope.type!r}")
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [q, head_dim] for integer positions [q], computed in fp32."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [q, heads, head_dim] by position; halves layout (as Llama checkpoints use)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]

@@ -1,0 +1,155 @@
+"""A compact Llama-family transformer for batch-size-one decoding over an external KV cache.
+
+One sequence, no batch dimension: activations are [q, hidden] for q new tokens. Query, key and
+value projections are fused into one matrix, as are the gate and up projections, so a decode
+step runs few, large kernels. Grouped-query attention multiplies each key/value head with its
+group of query heads directly, never replicating keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache.base import AttentionPlan, KVCache
+from .config import ModelConfig
+from .rope import apply_rope, rope_cos_sin, rope_frequencies
+
+# Largest attention score buffer a prefill chunk may build, in bytes.
+PREFILL_SCORE_BYTES = 256 * 2**20
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor | None   # [n, vocab] for the requested positions
+    hidden: torch.Tensor | None   # [q, hidden] before the final norm, when asked for
+
+
+def _frozen(t: torch.Tensor | None) -> nn.Parameter | None:
+    return None if t is None else nn.Parameter(t, requires_grad=False)
+
+
+class Block(nn.Module):
+    """One decoder layer: pre-norm attention and SwiGLU MLP, each with a residual."""
+
+    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor]):
+        super().__init__()
+        self.config = config
+        self.attn_norm = _frozen(w["attn_norm"])
+        self.wqkv = _frozen(w["wqkv"])
+        self.bqkv = _frozen(w.get("bqkv"))
+        self.wo = _frozen(w["wo"])
+        self.bo = _frozen(w.get("bo"))
+        self.q_norm = _frozen(w.get("q_norm"))
+        self.k_norm = _frozen(w.get("k_norm"))
+        self.mlp_norm = _frozen(w["mlp_norm"])
+        self.w_gate_up = _frozen(w["w_gate_up"])
+        self.b_gate_up = _frozen(w.get("b_gate_up"))
+        self.w_down = _frozen(w["w_down"])
+        self.b_down = _frozen(w.get("b_down"))
+
+    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan):
+        c = self.config
+        q_len = x.shape[0]
+        eps = c.rms_norm_eps
+        h = F.rms_norm(x, (c.hidden_size,), self.attn_norm, eps)
+        qkv = F.linear(h, self.wqkv, self.bqkv)
+        nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q = qkv[:, :nq].view(q_len, c.num_heads, c.head_dim)
+        k = qkv[:, nq:nq + nkv].view(q_len, c.num_kv_heads, c.head_dim)
+        v = qkv[:, nq + nkv:].view(q_len, c.num_kv_heads, c.head_dim)
+        if self.q_norm is not None:
+            q = F.rms_norm(q, (c.head_dim,), self.q_norm, eps)
+            k = F.rms_norm(k, (c.head_dim,), self.k_norm, eps)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
+        out = grouped_attention(q, keys, values, plan, c.head_dim ** -0.5)
+        x = x + F.linear(out, self.wo, self.bo)
+        h = F.rms_norm(x, (c.hidden_size,), self.mlp_norm, eps)
+        gate, up = F.linear(h, self.w_gate_up, self.b_gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.w_down, self.b_down)
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      plan: AttentionPlan, scale: float) -> torch.Tensor:
+    """Attention of q [q_len, heads, d] over keys/values [kv_heads, n, d] -> [q_len, heads * d].
+
+    Query head h belongs to key/value head h // group. The queries of a group are stacked into
+    one matrix per key/value head, so one batched matmul per side serves all heads.
+    """
+    q_len, heads, d = q.shape
+    kv_heads = keys.shape[0]
+    group = heads // kv_heads
+    qg = q.view(q_len, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * q_len, d)
+    scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(scale)       # [kv, group * q, n]
+    if plan.block_mask is not None:
+        block = scores.view(kv_heads, group, q_len, -1)[..., plan.start:plan.start + q_len]
+        block += plan.block_mask
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    out = torch.bmm(probs, values)                                    # [kv, group * q, d]
+    return out.view(kv_heads, group, q_len, d).permute(2, 0, 1, 3).reshape(q_len, heads * d)
+
+
+class Transformer(nn.Module):
+    """forward(tokens, positions, cache, mask) -> logits (+ final hidden states)."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
+                 layers: list[dict[str, torch.Tensor]]):
+        super().__init__()
+        self.config = config
+        self.embed = _frozen(weights["embed"])
+        self.norm = _frozen(weights["norm"])
+        head = weights.get("lm_head")
+        self.lm_head = self.embed if head is None else _frozen(head)
+        self.layers = nn.ModuleList(Block(config, w) for w in layers)
+        self.set_context(config.max_positions)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def set_context(self, seq_len: int) -> None:
+        """Fix the RoPE table for sequences of up to `seq_len` positions."""
+        inv_freq, scale = rope_frequencies(self.config.rope, self.config.head_dim,
+                                           self.config.max_positions, seq_len)
+        self.inv_freq = inv_freq.to(self.device)
+        self.rope_scale = scale
+
+    def hidden_to_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: [n, hidden] -> [n, vocab]."""
+        h = F.rms_norm(hidden, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
+        return F.linear(h, self.lm_head)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                mask: torch.Tensor | None = None, logits_index: torch.Tensor | slice | None = None,
+                return_hidden: bool = False, need_logits: bool = True) -> ForwardOutput:
+        """Run q new tokens [q] at `positions` [q] against `cache`.
+
+        `mask` is the additive [q, q] mask of the block (causal, or a draft tree's ancestors);
+        None lets every new token see the whole block. `logits_index` selects the positions
+        whose logits are computed (default: all).
+        """
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, self.dtype)
+        plan = cache.plan(tokens.shape[0], mask)
+        x = F.embedding(tokens, self.embed)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, cache, plan)
+        logits = None
+        if need_logits:
+            selected = x if logits_index is None else x[logits_index]
+            logits = self.hidden_to_logits(selected)
+        return ForwardOutput(logits, x if return_hidden else None)
+
+    def prefill_chunk(self, n_keys: int) -> int:
+        """Tokens per prefill chunk so that the score buffer stays under PREFILL_SCORE_BYTES."""
+        per_token = self.config.num_heads * max(n_keys, 1) * 4
+        return int(max(16, min(1024, PREFILL_SCORE_BYTES // per_token)))

@@ -1,0 +1,60 @@
+"""Tiny random checkpoints of every supported family, saved as transformers saves them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "llama-bias": ("LlamaConfig", "LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24}),
+}
+
+ROPES = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+             "original_max_position_embeddings": 32},
+}
+
+
+def make_checkpoint(out: Path, family: str = "llama", rope: str = "default", *, legacy: bool = False,
+                    tied: bool = False, kv_heads: int = 2, heads: int = 4, vocab: int = 300,
+                    max_positions: int = 128, shard_bytes: int | None = None, seed: int = 0):
+    """Save a random tiny model of `family` to `out`; return the transformers model (fp32, eval).
+
+    `legacy` rewrites config.json in the old layout (rope_theta + rope_scaling with 'type').
+    """
+    import transformers
+
+    config_cls, model_cls, extra = FAMILIES[family]
+    params = dict(ROPES[rope])
+    if rope == "yarn":
+        max_positions = 128
+    config = getattr(transformers, config_cls)(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=tied, rope_parameters=params, initializer_range=0.2,
+        bos_token_id=1, eos_token_id=2, **extra)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    kwargs = {"max_shard_size": shard_bytes} if shard_bytes else {}
+    model.save_pretrained(out, **kwargs)
+    if legacy:
+        path = Path(out) / "config.json"
+        d = json.loads(path.read_text())
+        rope_params = d.pop("rope_parameters")
+        d["rope_theta"] = rope_params.pop("rope_theta")
+        kind = rope_params.pop("rope_type")
+        if kind != "default":
+            d["rope_scaling"] = {"type": kind, **rope_params}
+        path.write_text(json.dumps(d))
+    return model
