@@ -1,0 +1,154 @@
+"""The public entry points: `generate` and `stream`.
+
+Every argument is checked before any work, and a bad one raises ValueError naming the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .drafters import build_drafter, default_budget, method_names
+from .engine import Engine
+from .models.loader import Model
+from .progress import ProgressBar
+from .sampling import SamplingConfig
+from .stopping import StopRules
+from .text import Detokenizer
+
+VERIFY_MODES = ("match", "rejection")
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]   # new tokens only
+    text: str              # their text ('' without a tokenizer)
+    stats: dict
+
+
+@dataclass
+class Chunk:
+    token_ids: list[int]   # tokens committed by one step
+    text: str              # the text they add ('' while a character is incomplete)
+
+
+def encode_prompt(model: Model, prompt) -> list[int]:
+    if isinstance(prompt, str):
+        if model.tokenizer is None:
+            raise ValueError(f"{model.path} has no tokenizer: pass the prompt as token ids")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        ids = list(model.tokenizer(prompt)["input_ids"])
+    else:
+        try:
+            ids = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise ValueError("prompt must be a string or a list of token ids") from None
+        if any(isinstance(t, bool) for t in prompt) or any(float(t) != int(t) for t in prompt):
+            raise ValueError("prompt token ids must be integers")
+    if not ids:
+        raise ValueError("the prompt is empty")
+    vocab = model.config.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def _stop_rules(model: Model, stop, ignore_eos: bool) -> StopRules:
+    stop = [stop] if isinstance(stop, (str, int)) else list(stop or [])
+    ids, strings = set(), []
+    for s in stop:
+        if isinstance(s, str) and s:
+            strings.append(s)
+        elif isinstance(s, int) and not isinstance(s, bool) and 0 <= s < model.config.vocab_size:
+            ids.add(s)
+        else:
+            raise ValueError(f"stop entries must be non-empty strings or token ids in the vocabulary, got {s!r}")
+    eos = set() if ignore_eos else set(model.eos_token_ids)
+    return StopRules(eos, ids, strings, model.tokenizer)
+
+
+def prepare(model: Model, prompt, max_new_tokens: int, method: str, sampling: SamplingConfig | None,
+            seed: int, draft_model: Model | None, heads, stop, ignore_eos: bool,
+            verify: str) -> tuple[Engine, list[int]]:
+    """Check every argument, then build the engine; nothing runs yet."""
+    if not isinstance(model, Model):
+        raise ValueError("model must come from longspec.load_model")
+    if method not in method_names():
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(method_names())}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
+    sampling = (sampling or SamplingConfig()).validate()
+    prompt_ids = encode_prompt(model, prompt)
+    limit = model.config.context_limit
+    if len(prompt_ids) + max_new_tokens > limit:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
+                         f"exceeds the model's context of {limit} positions; lower max_new_tokens")
+    rules = _stop_rules(model, stop, ignore_eos)
+    budget = default_budget(method)
+    drafter = build_drafter(method, model, sampling=sampling, seed=seed, draft_model=draft_model,
+                            heads=heads, verify=verify)
+    engine = Engine(model, drafter, sampling, seed, budget, max_new_tokens, rules, method)
+    engine.check_memory(len(prompt_ids))
+    return engine, prompt_ids
+
+
+class Stream:
+    """Iterate for `Chunk`s as steps commit them; `result` holds the whole generation after."""
+
+    def __init__(self, model: Model, engine: Engine, prompt_ids: list[int], progress: bool):
+        self.model = model
+        self.engine = engine
+        self.prompt_ids = prompt_ids
+        self.progress = progress
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[Chunk]:
+        tok = self.model.tokenizer
+        detok = Detokenizer(tok, self.prompt_ids[-4:]) if tok is not None else None
+        token_ids: list[int] = []
+        bar = ProgressBar(self.engine.max_new_tokens, enabled=self.progress)
+        try:
+            for new in self.engine.run(self.prompt_ids):
+                token_ids.extend(new)
+                bar.update(len(new), self.engine.counters)
+                yield Chunk(new, detok.push(new) if detok else "")
+            if detok:
+                tail = detok.flush()
+                if tail:
+                    yield Chunk([], tail)
+        finally:
+            bar.close()
+            text = tok.decode(token_ids) if tok is not None else ""
+            self.result = GenerationResult(token_ids, text, self.engine.stats())
+
+
+def stream(model: Model, prompt, max_new_tokens: int = 256, method: str = "ar",
+           sampling: SamplingConfig | None = None, seed: int = 0, draft_model: Model | None = None,
+           heads=None, stop=None, ignore_eos: bool = False, verify: str = "match",
+           progress: bool = False) -> Stream:
+    """Like `generate`, but returns a `Stream` yielding new tokens as they are committed."""
+    engine, prompt_ids = prepare(model, prompt, max_new_tokens, method, sampling, seed,
+                                 draft_model, heads, stop, ignore_eos, verify)
+    return Stream(model, engine, prompt_ids, progress)
+
+
+def generate(model: Model, prompt, max_new_tokens: int = 256, method: str = "ar",
+             sampling: SamplingConfig | None = None, seed: int = 0, draft_model: Model | None = None,
+             heads=None, stop=None, ignore_eos: bool = False, verify: str = "match",
+             progress: bool = False) -> GenerationResult:
+    """Generate up to `max_new_tokens` after `prompt` (a string or token ids).
+
+    Every method returns exactly the tokens `ar` returns for the same seed and settings
+    (verify="match"); verify="rejection" keeps the distribution instead.
+    """
+    s = stream(model, prompt, max_new_tokens, method, sampling, seed, draft_model, heads, stop,
+               ignore_eos, verify, progress)
+    for _ in s:
+        pass
+    return s.result

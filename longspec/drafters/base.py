@@ -1,0 +1,67 @@
+"""The Drafter protocol: what the engine asks of every source of draft tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..models.transformer import ForwardOutput
+from ..tree import DraftTree, TreeShape
+from ..verify import Verdict
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_nodes: int   # nodes of a draft tree, root included
+    max_depth: int   # draft tokens along any path
+
+
+@dataclass
+class TargetOutput:
+    """What the verify forward produced for each tree node."""
+
+    forward: ForwardOutput          # raw logits [n, vocab] (+ hidden states when asked for)
+    processed: torch.Tensor         # processed logits [n, vocab] (penalty, temperature, ...)
+    target_tokens: torch.Tensor     # [n] the target's choice after each node
+
+
+class Drafter(Protocol):
+    needs_hidden: bool          # the verify forward should return hidden states
+    needs_prefill_logits: bool  # prefill should compute logits for every prompt position
+
+    def observe_prefill(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        """Logits [c, vocab] after each token of a prefill chunk (when needs_prefill_logits)."""
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        """Called once after the prompt (all but its last token) is in the cache."""
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        """A draft tree rooted at committed[-1]."""
+
+    def observe(self, tree: DraftTree, target_out: TargetOutput, verdict: Verdict) -> None:
+        """Learn from a verify step."""
+
+
+class NoDraft:
+    """Plain autoregressive decoding: the tree is the root alone."""
+
+    needs_hidden = False
+    needs_prefill_logits = False
+
+    def __init__(self, device: torch.device):
+        self.shape = TreeShape([-1], device)
+        self.device = device
+
+    def observe_prefill(self, tokens, logits) -> None:
+        pass
+
+    def prefill(self, prompt_ids) -> None:
+        pass
+
+    def propose(self, committed, budget) -> DraftTree:
+        return DraftTree(self.shape, torch.tensor(committed[-1:], device=self.device))
+
+    def observe(self, tree, target_out, verdict) -> None:
+        pass

@@ -1,0 +1,33 @@
+"""Stop rules, looking only at new tokens: EOS, stop token ids and stop strings.
+
+Stop strings are searched in the decoded text of a short window of the latest tokens, so the
+cost per step does not grow with the output.
+"""
+
+from __future__ import annotations
+
+
+class StopRules:
+    def __init__(self, eos_ids: set[int], stop_ids: set[int], stop_strings: list[str], tokenizer):
+        if stop_strings and tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; pass stop token ids instead")
+        self.stop_ids = eos_ids | stop_ids
+        self.stop_strings = stop_strings
+        self.tokenizer = tokenizer
+        # a character is at most 4 bytes, a byte-level token at least one byte
+        self.window = 4 * max((len(s) for s in stop_strings), default=0) + 4
+        self.recent: list[int] = []
+
+    def cut(self, new_tokens: list[int]) -> int | None:
+        """Number of `new_tokens` to keep when one of them ends the generation (the stop token
+        or the token completing a stop string included), else None."""
+        for i, token in enumerate(new_tokens):
+            if token in self.stop_ids:
+                return i + 1
+            if self.stop_strings:
+                self.recent.append(token)
+                del self.recent[:-self.window]
+                text = self.tokenizer.decode(self.recent)
+                if any(s in text for s in self.stop_strings):
+                    return i + 1
+        return None

@@ -1,0 +1,117 @@
+"""Bad input: a clear ValueError from the API (and one line, exit 2, from the CLI), before any work."""
+
+import json
+
+import pytest
+import torch
+from helpers import make_checkpoint
+
+import longspec
+from longspec.cli import main
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    make_checkpoint(path, "llama", max_positions=64)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+    return longspec.load_model(ckpt, dtype="float32", device="cpu")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"method": "nope"}, "unknown method 'nope'"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
+    ({"max_new_tokens": -5}, "max_new_tokens"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens"),
+    ({"sampling": longspec.SamplingConfig(top_p=float("nan"))}, "top_p"),
+    ({"sampling": longspec.SamplingConfig(temperature=-1)}, "temperature"),
+    ({"prompt": []}, "empty"),
+    ({"prompt": [5, 300]}, "outside the vocabulary"),
+    ({"prompt": [-1]}, "outside the vocabulary"),
+    ({"prompt": "hello"}, "no tokenizer"),
+    ({"max_new_tokens": 60}, "exceeds the model's context of 64"),
+    ({"seed": -1}, "seed"),
+    ({"verify": "maybe"}, "verify"),
+    ({"stop": [""]}, "stop"),
+])
+def test_api_rejects_bad_arguments_before_work(model, kwargs, match):
+    args = {"prompt": [1, 2, 3, 4, 5], "max_new_tokens": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        longspec.generate(model, **args)
+
+
+def test_kv_cache_beyond_free_memory_is_refused_before_allocating(tmp_path):
+    make_checkpoint(tmp_path, "llama")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["max_position_embeddings"] = 2**40
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = longspec.load_model(tmp_path, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="KV cache .* needs .* lower max_new_tokens"):
+        longspec.generate(model, [1, 2], max_new_tokens=2**38)
+
+
+def test_missing_corrupt_and_unsupported_checkpoints(tmp_path, ckpt):
+    with pytest.raises(ValueError, match="not found"):
+        longspec.load_model(tmp_path / "absent")
+    with pytest.raises(ValueError, match="no config.json"):
+        longspec.load_model(tmp_path)
+    bad = tmp_path / "corrupt"
+    bad.mkdir()
+    (bad / "config.json").write_text((ckpt / "config.json").read_text())
+    (bad / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ValueError, match="cannot read"):
+        longspec.load_model(bad)
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        longspec.load_model(bad)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="not supported; supported: llama, mistral, qwen2, qwen3"):
+        longspec.load_model(bad)
+    nocfg = dict(cfg)
+    del nocfg["hidden_size"]
+    (bad / "config.json").write_text(json.dumps(nocfg))
+    with pytest.raises(ValueError, match="hidden_size"):
+        longspec.load_model(bad)
+
+
+def test_checkpoint_with_wrong_shapes_is_rejected(tmp_path, ckpt):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 64}))
+    (tmp_path / "model.safetensors").write_bytes((ckpt / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="shape"):
+        longspec.load_model(tmp_path)
+
+
+def test_errors_change_nothing(model):
+    before = [p.clone() for p in model.net.parameters()]
+    with pytest.raises(ValueError):
+        longspec.generate(model, [1, 2], max_new_tokens=0)
+    ok = longspec.generate(model, [1, 2], max_new_tokens=3, ignore_eos=True)
+    assert len(ok.token_ids) == 3
+    assert all(torch.equal(a, b) for a, b in zip(before, model.net.parameters()))
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["generate", "CKPT", "--prompt", "x", "--method", "nope"], "unknown method"),
+    (["generate", "CKPT", "--prompt-file", "/nonexistent/prompt.txt"], "prompt file"),
+    (["generate", "/nonexistent/model", "--prompt", "x"], "not found"),
+    (["generate", "CKPT", "--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["generate", "CKPT", "--prompt", "x", "--top-p", "nan"], "top_p"),
+    (["generate", "CKPT", "--prompt", "x", "--penalty", "-1"], "penalty"),
+    (["generate", "CKPT", "--prompt", "x", "--max-new-tokens", "many"], "invalid int"),
+    (["generate", "CKPT"], "required"),
+    (["generate", "CKPT", "--prompt", "x", "--dtype", "int3"], "unknown dtype"),
+    (["generate", "CKPT", "--prompt", "x"], "no tokenizer"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(ckpt, capsys, argv, match):
+    argv = [str(ckpt) if a == "CKPT" else a for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        raise SystemExit(main(argv))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err and "Traceback" not in err

@@ -1,0 +1,111 @@
+"""Each logits processor against its formula, and position-keyed sampling."""
+
+import math
+
+import pytest
+import torch
+
+from longspec.sampling import PositionNoise, SamplingConfig, process_logits, select_tokens
+
+NEG = float("-inf")
+
+
+def logits(seed=0, n=3, v=50):
+    return torch.randn(n, v, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def kept(x):
+    return torch.isfinite(x)
+
+
+def test_temperature_divides_logits():
+    x = logits()
+    assert torch.allclose(process_logits(x, SamplingConfig(temperature=0.5)), x / 0.5)
+
+
+def test_greedy_returns_raw_logits_and_picks_argmax():
+    x = logits()
+    out = process_logits(x, SamplingConfig(temperature=0, top_k=3, top_p=0.5))
+    assert torch.equal(out, x)
+    assert torch.equal(select_tokens(out, None), x.argmax(-1))
+
+
+def test_top_k_keeps_the_k_largest():
+    x = logits()
+    out = process_logits(x, SamplingConfig(top_k=5))
+    for row, o in zip(x, out):
+        assert set(torch.nonzero(kept(o)).flatten().tolist()) == set(row.topk(5).indices.tolist())
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    x = logits()
+    out = process_logits(x, SamplingConfig(top_p=0.7))
+    for row, o in zip(x, out):
+        p, order = torch.softmax(row, -1).sort(descending=True)
+        need = int((torch.cumsum(p, 0) < 0.7).sum()) + 1
+        assert set(torch.nonzero(kept(o)).flatten().tolist()) == set(order[:need].tolist())
+
+
+def test_min_p_drops_tokens_below_fraction_of_top():
+    x = logits()
+    out = process_logits(x, SamplingConfig(min_p=0.2))
+    p = torch.softmax(x, -1)
+    assert torch.equal(kept(out), p >= 0.2 * p.max(-1, keepdim=True).values)
+
+
+def test_eta_threshold_formula():
+    x = logits()
+    eta = 0.05
+    out = process_logits(x, SamplingConfig(eta=eta))
+    p = torch.softmax(x, -1)
+    h = -(p * p.log()).sum(-1, keepdim=True)
+    eps = torch.minimum(torch.tensor(eta), math.sqrt(eta) * torch.exp(-h))
+    expect = p >= eps
+    expect[torch.arange(3), p.argmax(-1)] = True
+    assert torch.equal(kept(out), expect)
+
+
+def test_penalty_divides_positive_and_multiplies_negative_present_logits():
+    x = torch.tensor([[2.0, -2.0, 3.0, -1.0]])
+    present = torch.tensor([[True, True, False, False]])
+    out = process_logits(x, SamplingConfig(temperature=0, penalty=2.0), present)
+    assert out.tolist() == [[1.0, -4.0, 3.0, -1.0]]
+
+
+def test_processors_apply_in_order_penalty_temperature_topk_topp_minp():
+    x = logits(5, n=1)
+    present = torch.zeros_like(x, dtype=torch.bool)
+    present[0, x[0].argmax()] = True
+    cfg = SamplingConfig(temperature=0.7, top_k=10, top_p=0.9, min_p=0.05, penalty=1.5)
+    y = torch.where(present, torch.where(x > 0, x / 1.5, x * 1.5), x) / 0.7
+    y = y.masked_fill(y < y.topk(10).values[:, -1:], NEG)
+    p, order = torch.softmax(y, -1).sort(descending=True)
+    drop = (torch.cumsum(p, -1) - p) >= 0.9
+    y = y.masked_fill(drop.scatter(-1, order, drop), NEG)
+    p = torch.softmax(y, -1)
+    y = y.masked_fill(p < 0.05 * p.max(), NEG)
+    assert torch.equal(process_logits(x, cfg, present), y)
+
+
+def test_position_noise_depends_only_on_seed_and_position():
+    a, b = PositionNoise(7, 100, torch.device("cpu")), PositionNoise(7, 100, torch.device("cpu"))
+    assert torch.equal(a.rows(10, 3)[1], b.rows(11, 1)[0])
+    assert not torch.equal(a.rows(10, 1), a.rows(11, 1))
+    assert not torch.equal(PositionNoise(8, 100, torch.device("cpu")).rows(10, 1), a.rows(10, 1))
+
+
+def test_gumbel_max_samples_follow_softmax():
+    x = torch.tensor([[0.0, 1.0, 2.0]])
+    noise = PositionNoise(0, 3, torch.device("cpu"))
+    picks = torch.stack([select_tokens(x, noise.rows(t, 1)) for t in range(6000)]).flatten()
+    freq = torch.bincount(picks, minlength=3).float() / 6000
+    assert torch.allclose(freq, torch.softmax(x[0], -1), atol=0.03)
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_p", 1.5),
+                                         ("top_k", -1), ("top_k", 1.5), ("min_p", 1.0),
+                                         ("eta", -0.1), ("penalty", 0), ("penalty_window", 0),
+                                         ("temperature", float("nan")), ("penalty", float("inf"))])
+def test_out_of_range_sampling_values_are_rejected(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingConfig(**{field: value}).validate()
