@@ -1,0 +1,92 @@
+"""TokenSwift's token reutilization: the most frequent 4-grams of the output, as draft chains.
+
+A 4-gram enters the table once all its tokens have left the contextual penalty's window
+(inside it, repeats are penalised and unlikely). Counts are exact; ties break on the tokens
+themselves, so a query returns what a brute-force counter sorted by (-count, tokens) returns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree, TrieBuilder
+from .base import Budget
+
+NGRAM = 4
+TOP_K = 20
+
+
+class NgramTable:
+    """Counts of 4-grams, with the top-k continuations of each first token kept up to date."""
+
+    def __init__(self, top_k: int = TOP_K):
+        self.top_k = top_k
+        self.counts: dict[int, dict[tuple[int, ...], int]] = {}
+        self.top: dict[int, list[tuple[int, tuple[int, ...]]]] = {}   # first -> [(-count, rest)]
+
+    def add(self, gram: tuple[int, ...]) -> None:
+        first, rest = gram[0], gram[1:]
+        counts = self.counts.setdefault(first, {})
+        count = counts.get(rest, 0) + 1
+        counts[rest] = count
+        top = self.top.setdefault(first, [])
+        entry = (-count, rest)
+        # counts only grow: only `rest` can move, and only up
+        for i, (_, r) in enumerate(top):
+            if r == rest:
+                top[i] = entry
+                top.sort()
+                return
+        if len(top) < self.top_k or entry < top[-1]:
+            top.append(entry)
+            top.sort()
+            del top[self.top_k:]
+
+    def continuations(self, first: int) -> list[tuple[int, ...]]:
+        """The top-k most frequent 4-grams starting with `first`, without `first`."""
+        return [rest for _, rest in self.top.get(first, ())]
+
+
+class NgramDrafter:
+    """Chains from the n-gram table for the root token, merged into one trie."""
+
+    needs_hidden = False
+    needs_prefill_logits = False
+
+    def __init__(self, device: torch.device, window: int, top_k: int = TOP_K):
+        self.device = device
+        self.window = window
+        self.table = NgramTable(top_k)
+        self.tokens: list[int] = []
+        self.next_start = 0     # first output position whose 4-gram is not yet counted
+
+    def observe_prefill(self, tokens, logits) -> None:
+        pass
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        self.tokens = list(prompt_ids)
+        self.next_start = len(prompt_ids)
+
+    def sync(self, committed: list[int]) -> None:
+        """Count the 4-grams of the output that have left the penalty window."""
+        self.tokens.extend(committed[len(self.tokens):])
+        out_of_window = len(self.tokens) - self.window
+        while self.next_start + NGRAM <= out_of_window:
+            self.table.add(tuple(self.tokens[self.next_start:self.next_start + NGRAM]))
+            self.next_start += 1
+
+    def add_chains(self, trie: TrieBuilder, first: int, parent: int) -> None:
+        """Add the table's chains for `first` below node `parent` of `trie`."""
+        for rest in self.table.continuations(first):
+            if trie.full:
+                return
+            trie.add_chain(list(rest), parent)
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        self.sync(committed)
+        trie = TrieBuilder(committed[-1], budget.max_nodes, budget.max_depth)
+        self.add_chains(trie, committed[-1], 0)
+        return trie.build(self.device)
+
+    def observe(self, tree, target_out, verdict) -> None:
+        pass

@@ -1,0 +1,69 @@
+"""Prompt lookup decoding (Saxena 2023): copy what followed the latest earlier occurrence of the
+longest suffix (4 down to 1 tokens) of the committed text.
+
+The index maps each n-gram to where its most recent earlier occurrence continues, and grows by
+one entry per n for each committed token, so a lookup costs the same at any output length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree, TreeShape
+from .base import Budget
+
+MAX_NGRAM = 4
+
+
+class NgramIndex:
+    """n-gram (n = 1..MAX_NGRAM) -> index just after its most recent occurrence that is not the
+    current suffix (so that the continuation is known)."""
+
+    def __init__(self, max_n: int = MAX_NGRAM):
+        self.max_n = max_n
+        self.tokens: list[int] = []
+        self.next_after: dict[tuple[int, ...], int] = {}
+
+    def extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            # the n-grams ending at the current last token get their continuation: `token`
+            end = len(self.tokens)
+            for n in range(1, min(self.max_n, end) + 1):
+                self.next_after[tuple(self.tokens[end - n:end])] = end
+            self.tokens.append(token)
+
+    def lookup(self, k: int) -> list[int]:
+        """Up to k tokens continuing the longest suffix seen before (empty when none is)."""
+        toks = self.tokens
+        for n in range(min(self.max_n, len(toks)), 0, -1):
+            start = self.next_after.get(tuple(toks[len(toks) - n:]))
+            if start is not None:
+                return toks[start:start + k]
+        return []
+
+
+class PromptLookupDrafter:
+    needs_hidden = False
+    needs_prefill_logits = False
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.index = NgramIndex()
+        self._shapes: dict[int, TreeShape] = {}
+
+    def observe_prefill(self, tokens, logits) -> None:
+        pass
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        self.index.extend(prompt_ids)
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        self.index.extend(committed[len(self.index.tokens):])
+        chain = self.index.lookup(min(budget.max_depth, budget.max_nodes - 1))
+        shape = self._shapes.get(len(chain))
+        if shape is None:
+            shape = self._shapes[len(chain)] = TreeShape.chain(len(chain), self.device)
+        return DraftTree(shape, torch.tensor([committed[-1], *chain], device=self.device))
+
+    def observe(self, tree, target_out, verdict) -> None:
+        pass
