@@ -12,6 +12,7 @@ from .drafters import build_drafter, default_budget, method_names
 from .engine import Engine
 from .models.loader import Model
 from .progress import ProgressBar
+from .sampler import Sampler
 from .sampling import SamplingConfig
 from .stopping import StopRules
 from .text import Detokenizer
@@ -91,9 +92,10 @@ def prepare(model: Model, prompt, max_new_tokens: int, method: str, sampling: Sa
                          f"exceeds the model's context of {limit} positions; lower max_new_tokens")
     rules = _stop_rules(model, stop, ignore_eos)
     budget = default_budget(method)
-    drafter = build_drafter(method, model, sampling=sampling, seed=seed, draft_model=draft_model,
+    sampler = Sampler(sampling, seed, model.config.vocab_size, model.device)
+    drafter = build_drafter(method, model, sampler=sampler, draft_model=draft_model,
                             heads=heads, verify=verify)
-    engine = Engine(model, drafter, sampling, seed, budget, max_new_tokens, rules, method)
+    engine = Engine(model, drafter, sampler, budget, max_new_tokens, rules, method)
     engine.check_memory(len(prompt_ids))
     return engine, prompt_ids
 

@@ -17,10 +17,8 @@ from .cache import StaticCache, causal_mask
 from .drafters.base import Budget, Drafter, TargetOutput
 from .memory import available_bytes, format_bytes, peak_bytes
 from .models.loader import Model
-from .penalty import PenaltyWindow
-from .sampling import PositionNoise, SamplingConfig, process_logits, select_tokens
+from .sampler import Sampler
 from .stopping import StopRules
-from .tree import DraftTree
 from .verify import Verdict, verify_tree
 
 
@@ -38,21 +36,17 @@ class StepCounters:
 class Engine:
     """One generation: a prompt in, committed tokens out (as an iterator of chunks)."""
 
-    def __init__(self, model: Model, drafter: Drafter, sampling: SamplingConfig, seed: int,
+    def __init__(self, model: Model, drafter: Drafter, sampler: Sampler,
                  budget: Budget, max_new_tokens: int, stop: StopRules, method: str):
         self.model = model
         self.net = model.net
         self.drafter = drafter
-        self.sampling = sampling
+        self.sampler = sampler
         self.budget = budget
         self.max_new_tokens = max_new_tokens
         self.stop = stop
         self.method = method
         self.device = model.device
-        vocab = model.config.vocab_size
-        self.noise = None if sampling.greedy else PositionNoise(seed, vocab, self.device)
-        self.penalty = (PenaltyWindow(int(sampling.penalty_window), vocab, self.device)
-                        if sampling.uses_penalty else None)
         self.counters = StepCounters()
         self.tokens: list[int] = []      # committed: prompt, then new tokens
         self.cache: StaticCache | None = None
@@ -98,8 +92,7 @@ class Engine:
             self.cache.commit(q)
             pos += q
         self.tokens = list(prompt_ids)
-        if self.penalty is not None:
-            self.penalty.extend(prompt_ids)
+        self.sampler.commit(prompt_ids)
         self.drafter.prefill(list(prompt_ids))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -107,25 +100,13 @@ class Engine:
 
     # -- one step ---------------------------------------------------------------------------------
 
-    def target_tokens(self, tree: DraftTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Processed logits [n, vocab] and the target's choice [n] after each node."""
-        present = self.penalty.presence(tree) if self.penalty is not None else None
-        processed = process_logits(logits, self.sampling, present)
-        noise = None
-        if self.noise is not None:
-            shape = tree.shape
-            noise = self.noise.rows(len(self.tokens), shape.max_depth + 1)
-            if shape.n > 1:
-                noise = noise[shape.depth]
-        return processed, select_tokens(processed, noise)
-
     def step(self) -> Verdict:
         tree = self.drafter.propose(self.tokens, self.budget)
         shape = tree.shape
         positions = shape.depth + self.cache.length
         out = self.net(tree.tokens, positions, self.cache, shape.mask(self.model.dtype),
                        return_hidden=self.drafter.needs_hidden)
-        processed, target = self.target_tokens(tree, out.logits)
+        processed, target = self.sampler.tree_choices(tree, out.logits)
         verdict = verify_tree(tree, target)
         self.cache.keep(verdict.accepted)
         self.drafter.observe(tree, TargetOutput(out, processed, target), verdict)
@@ -137,10 +118,7 @@ class Engine:
 
     def commit(self, new: list[int]) -> None:
         self.tokens.extend(new)
-        if self.penalty is not None:
-            self.penalty.extend(new)
-        if self.noise is not None:
-            self.noise.forget_before(len(self.tokens))
+        self.sampler.commit(new)
         self.counters.new_tokens += len(new)
 
     # -- the loop ---------------------------------------------------------------------------------

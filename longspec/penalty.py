@@ -59,3 +59,18 @@ class PenaltyWindow:
             leave = torch.tensor(leaving, device=self.device).expand(shape.n, -1)
             counts.scatter_add_(1, leave, -drop)
         return counts > 0
+
+    def presence_after(self, path: list[int]) -> torch.Tensor:
+        """Tokens present [1, vocab] in the window of the position after committed + path."""
+        if not path:
+            return (self.counts > 0)[None]
+        counts = self.counts.clone()
+        counts.index_add_(0, torch.tensor(path[-self.window:], device=self.device),
+                          torch.ones(min(len(path), self.window), dtype=torch.int32, device=self.device))
+        length = len(self.tokens)
+        start = max(0, length - self.window)
+        keep_from = min(max(0, length + len(path) - self.window), length)
+        if keep_from > start:
+            gone = torch.tensor(self.tokens[start:keep_from], device=self.device)
+            counts.index_add_(0, gone, -torch.ones_like(gone, dtype=torch.int32))
+        return (counts > 0)[None]

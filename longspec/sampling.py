@@ -81,11 +81,7 @@ def process_logits(logits: torch.Tensor, cfg: SamplingConfig,
         kth = torch.topk(x, int(cfg.top_k), dim=-1).values[:, -1:]
         x = x.masked_fill(x < kth, neg_inf)
     if cfg.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        remove_sorted = mass_before >= cfg.top_p
-        x = x.masked_fill(remove_sorted.scatter(-1, order, remove_sorted), neg_inf)
+        x = x.masked_fill(_outside_nucleus(x, cfg.top_p), neg_inf)
     if cfg.min_p > 0:
         probs = torch.softmax(x, dim=-1)
         x = x.masked_fill(probs < cfg.min_p * probs.amax(dim=-1, keepdim=True), neg_inf)
@@ -98,6 +94,26 @@ def process_logits(logits: torch.Tensor, cfg: SamplingConfig,
         remove.scatter_(-1, probs.argmax(dim=-1, keepdim=True), False)
         x = x.masked_fill(remove, neg_inf)
     return x
+
+
+# On a CPU a full sort of the vocabulary costs ~1 ms a row; the nucleus almost always lies
+# within the top few hundred tokens, which topk finds ~40x faster.
+NUCLEUS_CANDIDATES = 256
+
+
+def _outside_nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Bool mask of the tokens outside the smallest most-likely set of mass >= top_p."""
+    probs = torch.softmax(x, dim=-1)
+    k = min(NUCLEUS_CANDIDATES, x.shape[-1])
+    top, order = torch.topk(probs, k, dim=-1)
+    mass_before = torch.cumsum(top, dim=-1) - top
+    # the shortcut needs a host check, which costs nothing on the CPU and a sync on a GPU
+    if k == x.shape[-1] or (x.device.type == "cpu" and bool((mass_before[:, -1] + top[:, -1] >= top_p).all())):
+        outside = torch.ones_like(x, dtype=torch.bool)
+        return outside.scatter_(-1, order, mass_before >= top_p)
+    top, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = torch.cumsum(top, dim=-1) - top
+    return (mass_before >= top_p).scatter(-1, order, mass_before >= top_p)
 
 
 def position_seed(seed: int, position: int) -> int:

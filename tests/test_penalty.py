@@ -48,3 +48,15 @@ def test_window_counts_follow_long_commits():
         pw.extend(new)
         expect = torch.bincount(torch.tensor(seq[-5:]), minlength=V).int()
         assert torch.equal(pw.counts, expect)
+
+
+@pytest.mark.parametrize("window", [1, 4, 50])
+def test_chain_presence_equals_brute_force(window):
+    rng = random.Random(window)
+    seq = [rng.randrange(V) for _ in range(20)]
+    pw = PenaltyWindow(window, V, torch.device("cpu"))
+    pw.extend(seq)
+    for n in range(8):
+        path = [rng.randrange(V) for _ in range(n)]
+        got = set(torch.nonzero(pw.presence_after(path)[0]).flatten().tolist())
+        assert got == window_tokens(seq, path, window)

@@ -109,3 +109,12 @@ def test_gumbel_max_samples_follow_softmax():
 def test_out_of_range_sampling_values_are_rejected(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingConfig(**{field: value}).validate()
+
+
+@pytest.mark.parametrize("scale", [0.01, 8.0])   # flat: full sort; peaked: top-k shortcut
+def test_top_p_on_large_vocabulary_equals_sort_formula(scale):
+    x = torch.randn(4, 3000, generator=torch.Generator().manual_seed(1)) * scale
+    out = process_logits(x, SamplingConfig(top_p=0.8))
+    p, order = torch.softmax(x, -1).sort(descending=True)
+    drop = (torch.cumsum(p, -1) - p) >= 0.8
+    assert torch.equal(kept(out), ~drop.scatter(-1, order, drop))

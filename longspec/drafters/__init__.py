@@ -31,7 +31,7 @@ def build_drafter(method: str, model, **options) -> Drafter:
     if method == "pld":
         return PromptLookupDrafter(model.device)
     if method == "ngram":
-        return NgramDrafter(model.device, int(options["sampling"].penalty_window))
+        return NgramDrafter(model.device, int(options["sampler"].config.penalty_window))
     if method == "recycling":
         return RecyclingDrafter(model)
     raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(method_names())}")
