@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .drafters import build_drafter, default_budget, method_names
+from .drafters import build_drafter, method_names, resolve_options
 from .engine import Engine
 from .models.loader import Model
 from .progress import ProgressBar
@@ -72,7 +72,7 @@ def _stop_rules(model: Model, stop, ignore_eos: bool) -> StopRules:
 
 def prepare(model: Model, prompt, max_new_tokens: int, method: str, sampling: SamplingConfig | None,
             seed: int, draft_model: Model | None, heads, stop, ignore_eos: bool,
-            verify: str) -> tuple[Engine, list[int]]:
+            verify: str, options: dict | None) -> tuple[Engine, list[int]]:
     """Check every argument, then build the engine; nothing runs yet."""
     if not isinstance(model, Model):
         raise ValueError("model must come from longspec.load_model")
@@ -91,10 +91,13 @@ def prepare(model: Model, prompt, max_new_tokens: int, method: str, sampling: Sa
         raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
                          f"exceeds the model's context of {limit} positions; lower max_new_tokens")
     rules = _stop_rules(model, stop, ignore_eos)
-    budget = default_budget(method)
-    sampler = Sampler(sampling, seed, model.config.vocab_size, model.device)
-    drafter = build_drafter(method, model, sampler=sampler, draft_model=draft_model,
-                            heads=heads, verify=verify)
+    budget, method_options = resolve_options(method, options)
+    sampler = Sampler(sampling, seed, model.config.vocab_size, model.device,
+                      rejection=verify == "rejection")
+    context = len(prompt_ids) + max_new_tokens
+    capacity = context + budget.max_nodes + 1
+    drafter = build_drafter(method, model, budget, method_options, sampler=sampler,
+                            draft_model=draft_model, heads=heads, capacity=capacity, context=context)
     engine = Engine(model, drafter, sampler, budget, max_new_tokens, rules, method)
     engine.check_memory(len(prompt_ids))
     return engine, prompt_ids
@@ -133,24 +136,25 @@ class Stream:
 def stream(model: Model, prompt, max_new_tokens: int = 256, method: str = "ar",
            sampling: SamplingConfig | None = None, seed: int = 0, draft_model: Model | None = None,
            heads=None, stop=None, ignore_eos: bool = False, verify: str = "match",
-           progress: bool = False) -> Stream:
+           progress: bool = False, options: dict | None = None) -> Stream:
     """Like `generate`, but returns a `Stream` yielding new tokens as they are committed."""
     engine, prompt_ids = prepare(model, prompt, max_new_tokens, method, sampling, seed,
-                                 draft_model, heads, stop, ignore_eos, verify)
+                                 draft_model, heads, stop, ignore_eos, verify, options)
     return Stream(model, engine, prompt_ids, progress)
 
 
 def generate(model: Model, prompt, max_new_tokens: int = 256, method: str = "ar",
              sampling: SamplingConfig | None = None, seed: int = 0, draft_model: Model | None = None,
              heads=None, stop=None, ignore_eos: bool = False, verify: str = "match",
-             progress: bool = False) -> GenerationResult:
+             progress: bool = False, options: dict | None = None) -> GenerationResult:
     """Generate up to `max_new_tokens` after `prompt` (a string or token ids).
 
     Every method returns exactly the tokens `ar` returns for the same seed and settings
-    (verify="match"); verify="rejection" keeps the distribution instead.
+    (verify="match"); verify="rejection" keeps the distribution instead. `options` tunes the
+    method (max_nodes, max_depth and method-specific sizes; see README).
     """
     s = stream(model, prompt, max_new_tokens, method, sampling, seed, draft_model, heads, stop,
-               ignore_eos, verify, progress)
+               ignore_eos, verify, progress, options)
     for _ in s:
         pass
     return s.result

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -19,7 +19,7 @@ from .memory import available_bytes, format_bytes, peak_bytes
 from .models.loader import Model
 from .sampler import Sampler
 from .stopping import StopRules
-from .verify import Verdict, verify_tree
+from .verify import Verdict, verify_chain_rejection, verify_tree
 
 
 @dataclass
@@ -30,7 +30,6 @@ class StepCounters:
     new_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 class Engine:
@@ -93,7 +92,7 @@ class Engine:
             pos += q
         self.tokens = list(prompt_ids)
         self.sampler.commit(prompt_ids)
-        self.drafter.prefill(list(prompt_ids))
+        self.drafter.prefill(list(prompt_ids), self.cache)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.counters.prefill_s = time.perf_counter() - start
@@ -107,7 +106,10 @@ class Engine:
         out = self.net(tree.tokens, positions, self.cache, shape.mask(self.model.dtype),
                        return_hidden=self.drafter.needs_hidden)
         processed, target = self.sampler.tree_choices(tree, out.logits)
-        verdict = verify_tree(tree, target)
+        if self.sampler.rejection and tree.draft_probs is not None:
+            verdict = verify_chain_rejection(tree, processed, self.sampler)
+        else:
+            verdict = verify_tree(tree, target)
         self.cache.keep(verdict.accepted)
         self.drafter.observe(tree, TargetOutput(out, processed, target), verdict)
         c = self.counters
@@ -161,5 +163,5 @@ class Engine:
             "method": self.method,
             "device": str(self.device),
             "dtype": str(self.model.dtype).removeprefix("torch."),
-            **c.extra,
+            **self.drafter.stats(),
         }

@@ -74,3 +74,12 @@ class PenaltyWindow:
             gone = torch.tensor(self.tokens[start:keep_from], device=self.device)
             counts.index_add_(0, gone, -torch.ones_like(gone, dtype=torch.int32))
         return (counts > 0)[None]
+
+    def extended(self, ahead: list[int]) -> PenaltyWindow:
+        """A copy that has also committed `ahead` (costs one counts copy and the window)."""
+        view = PenaltyWindow.__new__(PenaltyWindow)
+        view.window, view.device = self.window, self.device
+        view.counts = self.counts.clone()
+        view.tokens = self.tokens[-self.window:]   # only the window matters from here on
+        view.extend(ahead)
+        return view

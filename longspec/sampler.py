@@ -1,7 +1,12 @@
 """The sampling state of one generation: settings, position-keyed noise and the penalty window.
 
 Plain decoding, tree verification and draft models all choose tokens through this object, so
-the same position gets the same choice rule everywhere.
+the same position gets the same choice rule everywhere. Positions are counted from the
+committed sequence; `ahead` names tokens a draft level has accepted beyond it but that are not
+committed yet (the hierarchical drafter verifies in two stages).
+
+In rejection mode (`verify="rejection"`), draft tokens are sampled from their own distribution
+with a seeded generator, and acceptance and residual draws use the same generator.
 """
 
 from __future__ import annotations
@@ -14,12 +19,17 @@ from .tree import DraftTree
 
 
 class Sampler:
-    def __init__(self, config: SamplingConfig, seed: int, vocab_size: int, device: torch.device):
+    def __init__(self, config: SamplingConfig, seed: int, vocab_size: int, device: torch.device,
+                 rejection: bool = False):
         self.config = config
         self.seed = seed
+        self.device = device
+        self.rejection = rejection and not config.greedy
         self.noise = None if config.greedy else PositionNoise(seed, vocab_size, device)
         self.penalty = (PenaltyWindow(int(config.penalty_window), vocab_size, device)
                         if config.uses_penalty else None)
+        self.rng = torch.Generator(device=device)
+        self.rng.manual_seed(seed)
         self.length = 0   # committed tokens, prompt included
 
     def commit(self, tokens: list[int]) -> None:
@@ -29,22 +39,40 @@ class Sampler:
         if self.noise is not None:
             self.noise.forget_before(self.length)
 
-    def tree_choices(self, tree: DraftTree, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Processed logits [n, vocab] and the token chosen after each node [n] (node at depth d
-        predicts position length + d)."""
-        present = self.penalty.presence(tree) if self.penalty is not None else None
+    def _window(self, ahead: list[int]) -> PenaltyWindow | None:
+        if self.penalty is None or not ahead:
+            return self.penalty
+        return self.penalty.extended(ahead)
+
+    def tree_choices(self, tree: DraftTree, logits: torch.Tensor,
+                     ahead: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """Processed logits [n, vocab] and the token chosen after each node [n]. The root is the
+        last of committed + ahead; a node at depth d predicts position length + len(ahead) + d."""
+        window = self._window(list(ahead))
+        present = window.presence(tree) if window is not None else None
         processed = process_logits(logits, self.config, present)
         noise = None
         if self.noise is not None:
             shape = tree.shape
-            noise = self.noise.rows(self.length, shape.max_depth + 1)
+            noise = self.noise.rows(self.length + len(ahead), shape.max_depth + 1)
             if shape.n > 1:
                 noise = noise[shape.depth]
         return processed, select_tokens(processed, noise)
 
-    def chain_choice(self, logits: torch.Tensor, path: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Processed logits [1, vocab] and the token chosen [1] after committed + path."""
+    def chain_choice(self, logits: torch.Tensor, path: list[int]) -> tuple[torch.Tensor, int]:
+        """Processed logits [1, vocab] and the token chosen after committed + path: the
+        position's Gumbel-max choice, or in rejection mode a fresh sample."""
         present = self.penalty.presence_after(path) if self.penalty is not None else None
         processed = process_logits(logits, self.config, present)
+        if self.rejection:
+            return processed, int(self.sample(processed)[0])
         noise = None if self.noise is None else self.noise.rows(self.length + len(path), 1)
-        return processed, select_tokens(processed, noise)
+        return processed, int(select_tokens(processed, noise)[0])
+
+    def sample(self, processed: torch.Tensor) -> torch.Tensor:
+        """One fresh sample per row of processed logits (Gumbel-max with the seeded generator)."""
+        u = torch.rand(processed.shape, generator=self.rng, device=self.device)
+        return (processed - torch.log(-torch.log(u.clamp_min(1e-20)))).argmax(dim=-1)
+
+    def uniform(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.rng, device=self.device)

@@ -62,13 +62,15 @@ class TreeShape:
 
 
 class DraftTree:
-    """A tree shape with tokens on its nodes (tokens[0] is the root)."""
+    """A tree shape with tokens on its nodes (tokens[0] is the root). A chain drafted by
+    sampling may carry `draft_probs` [n - 1, vocab], the distribution each draft came from."""
 
-    def __init__(self, shape: TreeShape, tokens: torch.Tensor):
+    def __init__(self, shape: TreeShape, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None):
         if tokens.shape != (shape.n,):
             raise ValueError(f"{tokens.shape[0]} tokens for a tree of {shape.n} nodes")
         self.shape = shape
         self.tokens = tokens
+        self.draft_probs = draft_probs
 
     @property
     def n(self) -> int:

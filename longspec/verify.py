@@ -49,3 +49,34 @@ def verify_tree(tree: DraftTree, target_tokens: torch.Tensor) -> Verdict:
     bonus, nodes, tokens = host[0], host[1:1 + width], host[1 + width:]
     length = next((d for d, node in enumerate(nodes) if node < 0), width)
     return Verdict(nodes[:length], tokens[1:length] + [bonus])
+
+
+def speculative_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: torch.Tensor,
+                       sampler) -> tuple[torch.Tensor, torch.Tensor]:
+    """Leviathan et al.'s rule for a chain of m drafts (device tensors, no host sync).
+
+    target_probs [m + 1, vocab] (after the root and after each draft), draft_probs [m, vocab]
+    (the distributions the drafts were sampled from), drafts [m]. Draft i is accepted with
+    probability min(1, p_i / q_i); at the first rejection a token is drawn from
+    norm(max(0, p - q)), and after m acceptances from p. Returns (accepted count, token).
+    """
+    m = drafts.shape[0]
+    idx = torch.arange(m, device=drafts.device)
+    p = target_probs[idx, drafts]
+    q = draft_probs[idx, drafts]
+    accepted = (sampler.uniform(m) * q < p).int().cumprod(0).sum()
+    residual = (target_probs[:m] - draft_probs).clamp_min(0)
+    total = residual.sum(dim=-1, keepdim=True)
+    # where p == q no rejection can happen; the row is never drawn from
+    residual = torch.where(total > 0, residual / total.clamp_min(1e-30), target_probs[:m])
+    dist = torch.cat([residual, target_probs[m:m + 1]])[accepted]
+    return accepted, sampler.sample(torch.log(dist)[None])[0]
+
+
+def verify_chain_rejection(tree: DraftTree, processed: torch.Tensor, sampler) -> Verdict:
+    """Rejection-sampling verification of a chain that carries its draft distributions."""
+    probs = torch.softmax(processed, dim=-1)
+    accepted, token = speculative_sample(probs, tree.draft_probs, tree.tokens[1:], sampler)
+    host = torch.cat([accepted.view(1), token.view(1), tree.tokens]).tolist()  # one host sync
+    k, bonus, tokens = host[0], host[1], host[2:]
+    return Verdict(list(range(k + 1)), tokens[1:k + 1] + [bonus])

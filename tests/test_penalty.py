@@ -60,3 +60,20 @@ def test_chain_presence_equals_brute_force(window):
         path = [rng.randrange(V) for _ in range(n)]
         got = set(torch.nonzero(pw.presence_after(path)[0]).flatten().tolist())
         assert got == window_tokens(seq, path, window)
+
+
+@pytest.mark.parametrize("window", [2, 6, 50])
+def test_extended_window_equals_committing_ahead_tokens(window):
+    rng = random.Random(window + 7)
+    seq = [rng.randrange(V) for _ in range(30)]
+    ahead = [rng.randrange(V) for _ in range(4)]
+    pw = PenaltyWindow(window, V, torch.device("cpu"))
+    pw.extend(seq)
+    view = pw.extended(ahead)
+    ref = PenaltyWindow(window, V, torch.device("cpu"))
+    ref.extend(seq + ahead)
+    parents = [-1, 0, 1, 1, 2]
+    tree = DraftTree(TreeShape(parents, torch.device("cpu")), torch.tensor([ahead[-1], 3, 4, 5, 3]))
+    assert torch.equal(view.presence(tree), ref.presence(tree))
+    assert torch.equal(view.presence_after([1, 2, 3]), ref.presence_after([1, 2, 3]))
+    assert len(pw.tokens) == 30

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from .base import Budget, Drafter, NoDraft, TargetOutput
-from .ngram import NgramDrafter
+from .draft_model import DraftModelDrafter
+from .ngram import TOP_K, NgramDrafter
 from .pld import PromptLookupDrafter
 from .recycling import RecyclingDrafter
+from .retrieval_level import REBUILD_EVERY, RETRIEVAL_BUDGET
+from .selfspec import SelfSpecDrafter
+from .triforce import GAMMA1, STREAMING_WINDOW, TriForceDrafter
 
 # method -> default budget (max tree nodes incl. root, max depth), measured in BENCHMARKS.md
 BUDGETS = {
@@ -13,6 +17,17 @@ BUDGETS = {
     "pld": Budget(9, 8),
     "ngram": Budget(32, 3),
     "recycling": Budget(80, 6),
+    "draft": Budget(9, 8),
+    "selfspec": Budget(9, 8),
+    "triforce": Budget(13, 12),
+}
+NEEDS_DRAFT_MODEL = ("draft", "triforce")
+# tuning options each method takes besides max_nodes and max_depth (all positive integers)
+OPTIONS = {
+    "ngram": {"top_k": TOP_K},
+    "selfspec": {"retrieval_budget": RETRIEVAL_BUDGET, "rebuild_every": REBUILD_EVERY},
+    "triforce": {"retrieval_budget": RETRIEVAL_BUDGET, "rebuild_every": REBUILD_EVERY,
+                 "gamma1": GAMMA1, "streaming_window": STREAMING_WINDOW},
 }
 
 
@@ -20,22 +35,49 @@ def method_names() -> tuple[str, ...]:
     return tuple(BUDGETS)
 
 
-def default_budget(method: str) -> Budget:
-    return BUDGETS[method]
+def resolve_options(method: str, options: dict | None) -> tuple[Budget, dict]:
+    """The method's budget and tuning options, defaults overridden by `options`."""
+    budget = BUDGETS[method]
+    known = {**OPTIONS.get(method, {})}
+    if method != "ar":
+        known.update(max_nodes=budget.max_nodes, max_depth=budget.max_depth)
+    for key, value in (options or {}).items():
+        if key not in known:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise ValueError(f"method {method!r} takes no option {key!r}; it takes: {allowed}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"option {key} must be a positive integer, got {value!r}")
+        known[key] = value
+    if method != "ar":
+        if known["max_nodes"] < 2:
+            raise ValueError("option max_nodes must be at least 2 (the root and one draft)")
+        budget = Budget(known.pop("max_nodes"), known.pop("max_depth"))
+    return budget, known
 
 
-def build_drafter(method: str, model, **options) -> Drafter:
-    """The drafter of `method` for `model`; options not used by a method are ignored."""
+def build_drafter(method: str, model, budget: Budget, options: dict, *, sampler, draft_model=None,
+                  heads=None, capacity: int, context: int) -> Drafter:
+    """The drafter of `method` for `model`. `capacity` is the target cache's size and
+    `context` the longest sequence of this generation."""
     if method == "ar":
         return NoDraft(model.device)
     if method == "pld":
         return PromptLookupDrafter(model.device)
     if method == "ngram":
-        return NgramDrafter(model.device, int(options["sampler"].config.penalty_window))
+        return NgramDrafter(model.device, int(sampler.config.penalty_window), options["top_k"])
     if method == "recycling":
         return RecyclingDrafter(model)
+    if method == "draft":
+        return DraftModelDrafter(model, draft_model, sampler, capacity, context)
+    if method == "selfspec":
+        return SelfSpecDrafter(model, sampler, options["retrieval_budget"], options["rebuild_every"],
+                               budget.max_depth)
+    if method == "triforce":
+        return TriForceDrafter(model, draft_model, sampler, context, options["retrieval_budget"],
+                               options["rebuild_every"], budget.max_depth, options["gamma1"],
+                               options["streaming_window"])
     raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(method_names())}")
 
 
-__all__ = ["Budget", "Drafter", "NoDraft", "TargetOutput", "build_drafter", "default_budget",
-           "method_names"]
+__all__ = ["NEEDS_DRAFT_MODEL", "Budget", "Drafter", "NoDraft", "TargetOutput", "build_drafter",
+           "method_names", "resolve_options"]

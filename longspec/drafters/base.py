@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -27,41 +27,37 @@ class TargetOutput:
     target_tokens: torch.Tensor     # [n] the target's choice after each node
 
 
-class Drafter(Protocol):
-    needs_hidden: bool          # the verify forward should return hidden states
-    needs_prefill_logits: bool  # prefill should compute logits for every prompt position
+class Drafter(ABC):
+    """Base of every drafter: the engine's calls, with do-nothing defaults but `propose`."""
+
+    needs_hidden = False          # the verify forward should return hidden states
+    needs_prefill_logits = False  # prefill should compute logits for every prompt position
 
     def observe_prefill(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
         """Logits [c, vocab] after each token of a prefill chunk (when needs_prefill_logits)."""
 
-    def prefill(self, prompt_ids: list[int]) -> None:
-        """Called once after the prompt (all but its last token) is in the cache."""
+    def prefill(self, prompt_ids: list[int], cache) -> None:
+        """Called once after the prompt (all but its last token) is in the target's full
+        `cache`, which drafters that read the target's keys keep a reference to."""
 
+    @abstractmethod
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         """A draft tree rooted at committed[-1]."""
 
     def observe(self, tree: DraftTree, target_out: TargetOutput, verdict: Verdict) -> None:
         """Learn from a verify step."""
 
+    def stats(self) -> dict:
+        """Method-specific statistics for the result's stats."""
+        return {}
 
-class NoDraft:
+
+class NoDraft(Drafter):
     """Plain autoregressive decoding: the tree is the root alone."""
-
-    needs_hidden = False
-    needs_prefill_logits = False
 
     def __init__(self, device: torch.device):
         self.shape = TreeShape([-1], device)
         self.device = device
 
-    def observe_prefill(self, tokens, logits) -> None:
-        pass
-
-    def prefill(self, prompt_ids) -> None:
-        pass
-
     def propose(self, committed, budget) -> DraftTree:
         return DraftTree(self.shape, torch.tensor(committed[-1:], device=self.device))
-
-    def observe(self, tree, target_out, verdict) -> None:
-        pass

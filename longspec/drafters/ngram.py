@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree, TrieBuilder
-from .base import Budget
+from .base import Budget, Drafter
 
 NGRAM = 4
 TOP_K = 20
@@ -47,11 +47,8 @@ class NgramTable:
         return [rest for _, rest in self.top.get(first, ())]
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Chains from the n-gram table for the root token, merged into one trie."""
-
-    needs_hidden = False
-    needs_prefill_logits = False
 
     def __init__(self, device: torch.device, window: int, top_k: int = TOP_K):
         self.device = device
@@ -60,10 +57,7 @@ class NgramDrafter:
         self.tokens: list[int] = []
         self.next_start = 0     # first output position whose 4-gram is not yet counted
 
-    def observe_prefill(self, tokens, logits) -> None:
-        pass
-
-    def prefill(self, prompt_ids: list[int]) -> None:
+    def prefill(self, prompt_ids: list[int], cache) -> None:
         self.tokens = list(prompt_ids)
         self.next_start = len(prompt_ids)
 
@@ -87,6 +81,3 @@ class NgramDrafter:
         trie = TrieBuilder(committed[-1], budget.max_nodes, budget.max_depth)
         self.add_chains(trie, committed[-1], 0)
         return trie.build(self.device)
-
-    def observe(self, tree, target_out, verdict) -> None:
-        pass

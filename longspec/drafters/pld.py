@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree, TreeShape
-from .base import Budget
+from .base import Budget, Drafter
 
 MAX_NGRAM = 4
 
@@ -42,19 +42,13 @@ class NgramIndex:
         return []
 
 
-class PromptLookupDrafter:
-    needs_hidden = False
-    needs_prefill_logits = False
-
+class PromptLookupDrafter(Drafter):
     def __init__(self, device: torch.device):
         self.device = device
         self.index = NgramIndex()
         self._shapes: dict[int, TreeShape] = {}
 
-    def observe_prefill(self, tokens, logits) -> None:
-        pass
-
-    def prefill(self, prompt_ids: list[int]) -> None:
+    def prefill(self, prompt_ids: list[int], cache) -> None:
         self.index.extend(prompt_ids)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
@@ -64,6 +58,3 @@ class PromptLookupDrafter:
         if shape is None:
             shape = self._shapes[len(chain)] = TreeShape.chain(len(chain), self.device)
         return DraftTree(shape, torch.tensor([committed[-1], *chain], device=self.device))
-
-    def observe(self, tree, target_out, verdict) -> None:
-        pass

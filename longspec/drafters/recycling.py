@@ -14,7 +14,7 @@ import heapq
 import torch
 
 from ..tree import DraftTree, TreeShape
-from .base import Budget
+from .base import Budget, Drafter
 
 WIDTH = 8
 # Assumed chance that the successor of rank r is the target's next token: a best-first tree
@@ -75,8 +75,7 @@ class RecyclingTemplate:
         return tokens
 
 
-class RecyclingDrafter:
-    needs_hidden = False
+class RecyclingDrafter(Drafter):
     needs_prefill_logits = True
 
     def __init__(self, model):
@@ -94,9 +93,6 @@ class RecyclingDrafter:
 
     def observe_prefill(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
         self.update(tokens, logits)
-
-    def prefill(self, prompt_ids: list[int]) -> None:
-        pass
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         tpl = self._templates.get(budget)

@@ -51,7 +51,8 @@ class Block(nn.Module):
         self.w_down = _frozen(w["w_down"])
         self.b_down = _frozen(w.get("b_down"))
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan):
+    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan,
+                queries: list | None = None):
         c = self.config
         q_len = x.shape[0]
         eps = c.rms_norm_eps
@@ -66,6 +67,8 @@ class Block(nn.Module):
             k = F.rms_norm(k, (c.head_dim,), self.k_norm, eps)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
+        if queries is not None:
+            queries.append(q[-1])
         keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
         out = grouped_attention(q, keys, values, plan, c.head_dim ** -0.5)
         x = x + F.linear(out, self.wo, self.bo)
@@ -131,18 +134,20 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 mask: torch.Tensor | None = None, logits_index: torch.Tensor | slice | None = None,
-                return_hidden: bool = False, need_logits: bool = True) -> ForwardOutput:
+                return_hidden: bool = False, need_logits: bool = True,
+                queries: list | None = None) -> ForwardOutput:
         """Run q new tokens [q] at `positions` [q] against `cache`.
 
         `mask` is the additive [q, q] mask of the block (causal, or a draft tree's ancestors);
         None lets every new token see the whole block. `logits_index` selects the positions
-        whose logits are computed (default: all).
+        whose logits are computed (default: all). A `queries` list receives each layer's
+        rotated query of the last token [heads, head_dim], for cache selection.
         """
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, self.dtype)
         plan = cache.plan(tokens.shape[0], mask)
         x = F.embedding(tokens, self.embed)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, i, cache, plan)
+            x = layer(x, cos, sin, i, cache, plan, queries)
         logits = None
         if need_logits:
             selected = x if logits_index is None else x[logits_index]

@@ -1,0 +1,74 @@
+"""A model with a cache of its own that follows the committed sequence and drafts chains.
+
+`fed` counts the tokens of the sequence whose keys and values the cache holds, always the
+latest slots, so rewinding to fewer tokens is moving the cache's length back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..cache import StaticCache, causal_mask
+from ..models.transformer import Transformer
+
+
+class ChainModel:
+    def __init__(self, net: Transformer, cache: StaticCache):
+        self.net = net
+        self.cache = cache
+        self.fed = 0
+
+    def feed(self, tokens: list[int], last_logits: int = 1) -> torch.Tensor | None:
+        """Run `tokens` (the next ones of the sequence) into the cache, in chunks; return the
+        logits [last_logits, vocab] after the last ones (None when last_logits is 0)."""
+        net, device = self.net, self.net.device
+        ids = torch.tensor(tokens, dtype=torch.long, device=device)
+        logits = None
+        done = 0
+        while done < len(tokens):
+            q = min(len(tokens) - done, net.prefill_chunk(self.cache.length + len(tokens)))
+            start = self.fed + done
+            positions = torch.arange(start, start + q, device=device)
+            is_last = done + q == len(tokens)
+            want = is_last and last_logits > 0
+            out = net(ids[done:done + q], positions, self.cache,
+                      causal_mask(q, net.dtype, device) if q > 1 else None,
+                      logits_index=slice(-last_logits, None) if want else None, need_logits=want)
+            self.cache.commit(q)
+            done += q
+            if want:
+                logits = out.logits
+        self.fed += len(tokens)
+        return logits
+
+    def catch_up(self, sequence: list[int], last_logits: int = 1) -> torch.Tensor | None:
+        """Feed the tokens of `sequence` the cache has not seen (at least the last one when
+        logits are wanted, re-running it if the cache already holds it)."""
+        if last_logits and self.fed >= len(sequence):
+            self.rewind(len(sequence) - 1)
+        return self.feed(sequence[self.fed:], last_logits)
+
+    def rewind(self, fed: int) -> None:
+        """Forget the latest tokens, keeping the first `fed` of the sequence."""
+        self.cache.rollback(self.cache.length - (self.fed - fed))
+        self.fed = fed
+
+    def draft(self, sequence: list[int], gamma: int,
+              choose: Callable[[torch.Tensor, list[int]], tuple[torch.Tensor, int]],
+              ahead: int = 0) -> tuple[list[int], list[torch.Tensor]]:
+        """Draft `gamma` tokens after `sequence`, each chosen by `choose(logits, path)` where
+        path holds the last `ahead` tokens of sequence (not committed) plus the drafts so far.
+        Returns the drafts and their processed logits; the cache keeps all but the last draft."""
+        logits = self.catch_up(sequence)
+        path = list(sequence[len(sequence) - ahead:]) if ahead else []
+        drafts, rows = [], []
+        for i in range(gamma):
+            processed, token = choose(logits, path)
+            drafts.append(token)
+            rows.append(processed)
+            path.append(token)
+            if i + 1 < gamma:
+                logits = self.feed([token])
+        return drafts, rows

@@ -1,0 +1,38 @@
+"""Self-speculation: the target drafts a chain for itself over a retrieval cache, and verifies
+it with the full cache (TriForce without the hierarchy; MagicDec-style)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree, TreeShape
+from .base import Budget, Drafter
+from .draft_model import AdaptiveGamma
+from .retrieval_level import RetrievalLevel
+
+
+class SelfSpecDrafter(Drafter):
+    def __init__(self, target, sampler, budget: int, rebuild_every: int, max_depth: int):
+        self.sampler = sampler
+        self.device = target.device
+        self.level = RetrievalLevel(target, budget, rebuild_every, slack=max_depth + 2)
+        self.gamma = AdaptiveGamma()
+        self._shapes: dict[int, TreeShape] = {}
+        self._limit = max_depth
+
+    def prefill(self, prompt_ids: list[int], cache) -> None:
+        self.level.attach(cache)
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        self._limit = budget.max_depth
+        gamma = self.gamma.get(budget.max_depth)
+        self.level.sync(committed)
+        drafts, rows = self.level.chain.draft(committed, gamma, self.sampler.chain_choice)
+        probs = torch.softmax(torch.cat(rows), dim=-1) if self.sampler.rejection else None
+        if gamma not in self._shapes:
+            self._shapes[gamma] = TreeShape.chain(gamma, self.device)
+        return DraftTree(self._shapes[gamma], torch.tensor([committed[-1], *drafts], device=self.device), probs)
+
+    def observe(self, tree, target_out, verdict) -> None:
+        self.level.settle(len(verdict.tokens), verdict.accept_length)
+        self.gamma.update(tree.n - 1, verdict.accept_length, self._limit)

@@ -1,0 +1,108 @@
+"""TriForce: hierarchical speculation.
+
+A tiny draft model over a StreamingLLM cache drafts gamma1 tokens; the target over a retrieval
+cache verifies them (the middle level) and its accepted tokens plus its own bonus token join the
+collection; this repeats until gamma2 tokens are collected, which the target then verifies with
+its full cache. Match mode uses the position-keyed choice at every level. In rejection mode the
+middle level is itself speculative sampling (tiny q against the retrieval target p'), resampling
+from the residual on rejection, so the collected tokens are samples of p' and carry p' as their
+draft distribution into the final verification.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache.streaming import StreamingCache
+from ..tree import DraftTree, TreeShape
+from ..verify import speculative_sample, verify_tree
+from .base import Budget, Drafter
+from .chain import ChainModel
+from .draft_model import check_draft_model
+from .retrieval_level import RetrievalLevel
+
+GAMMA1 = 4
+STREAMING_WINDOW = 512
+
+
+class TriForceDrafter(Drafter):
+    def __init__(self, target, draft, sampler, context: int, budget: int, rebuild_every: int,
+                 max_depth: int, gamma1: int = GAMMA1, window: int = STREAMING_WINDOW):
+        check_draft_model(target, draft)
+        self.sampler = sampler
+        self.device = target.device
+        self.context = context
+        self.gamma1 = gamma1
+        slack = max_depth + gamma1 + 2
+        self.level = RetrievalLevel(target, budget, rebuild_every, slack)
+        # room for a window-sized prefill piece on top of a full window
+        tiny_cache = StreamingCache(draft.config, window, window + slack, draft.dtype, draft.device)
+        self.tiny = ChainModel(draft.net, tiny_cache)
+        self._shapes: dict[int, TreeShape] = {}
+        self.middle_drafted = 0
+        self.middle_accepted = 0
+
+    def prefill(self, prompt_ids: list[int], cache) -> None:
+        self.level.attach(cache)
+        self.tiny.net.set_context(self.context)
+        for start in range(0, len(prompt_ids) - 1, self.tiny.cache.window):
+            self.tiny.catch_up(prompt_ids[:min(start + self.tiny.cache.window, len(prompt_ids) - 1)],
+                               last_logits=0)
+            self.tiny.cache.trim()
+
+    def chain_shape(self, n: int) -> TreeShape:
+        if n not in self._shapes:
+            self._shapes[n] = TreeShape.chain(n, self.device)
+        return self._shapes[n]
+
+    def middle_step(self, sequence: list[int], collected: list[int], gamma1: int
+                    ) -> tuple[list[int], torch.Tensor]:
+        """Tiny drafts gamma1 tokens after `sequence`; the retrieval target verifies them.
+        Returns the new tokens (accepted drafts + one more) and p' [len(new), vocab]."""
+        sampler, mid = self.sampler, self.level.chain
+        drafts, rows = self.tiny.draft(sequence, gamma1, sampler.chain_choice, ahead=len(collected))
+        start = mid.fed
+        logits = mid.feed(sequence[start:] + drafts, last_logits=gamma1 + 1)
+        tree = DraftTree(self.chain_shape(gamma1), torch.tensor([sequence[-1], *drafts], device=self.device))
+        processed, choices = sampler.tree_choices(tree, logits, ahead=collected)
+        mid_probs = torch.softmax(processed, dim=-1)
+        if sampler.rejection:
+            draft_probs = torch.softmax(torch.cat(rows), dim=-1)
+            k, token = speculative_sample(mid_probs, draft_probs, tree.tokens[1:], sampler)
+            k, token = torch.stack([k, token]).tolist()
+            new = drafts[:k] + [token]
+        else:
+            new = verify_tree(tree, choices).tokens
+            k = len(new) - 1
+        mid.rewind(len(sequence) + k)     # keep the sequence's and the accepted drafts' keys
+        self.tiny.rewind(len(sequence) + min(k, gamma1 - 1))
+        self.middle_drafted += gamma1
+        self.middle_accepted += k
+        return new, mid_probs[:k + 1]
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        self.level.sync(committed)
+        self._start = len(committed)
+        collected: list[int] = []
+        probs: list[torch.Tensor] = []
+        gamma2 = budget.max_depth
+        while len(collected) < gamma2:
+            gamma1 = min(self.gamma1, gamma2 - len(collected))
+            new, mid_probs = self.middle_step(committed + collected, collected, gamma1)
+            collected += new
+            probs.append(mid_probs)
+        collected = collected[:gamma2]
+        draft_probs = torch.cat(probs)[:gamma2] if self.sampler.rejection else None
+        tokens = torch.tensor([committed[-1], *collected], device=self.device)
+        return DraftTree(self.chain_shape(len(collected)), tokens, draft_probs)
+
+    def observe(self, tree, target_out, verdict) -> None:
+        accepted = verdict.accept_length
+        self.level.settle(len(verdict.tokens), accepted)
+        self.tiny.rewind(min(self.tiny.fed, self._start + accepted))
+        self.tiny.cache.trim()
+
+    def stats(self) -> dict:
+        drafted = self.middle_drafted
+        return {"middle_acceptance_rate": self.middle_accepted / drafted if drafted else 0.0,
+                "retrieval_rebuilds": self.level.rebuilds}
