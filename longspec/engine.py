@@ -78,6 +78,7 @@ class Engine:
         body = prompt_ids[:-1]
         ids = torch.tensor(body, dtype=torch.long, device=self.device)
         want_logits = self.drafter.needs_prefill_logits
+        want_hidden = self.drafter.needs_hidden
         pos = 0
         while pos < len(body):
             chunk = self.net.prefill_chunk(pos + 1024)
@@ -85,9 +86,9 @@ class Engine:
             q = toks.shape[0]
             positions = torch.arange(pos, pos + q, device=self.device)
             out = self.net(toks, positions, self.cache, causal_mask(q, self.model.dtype, self.device),
-                           need_logits=want_logits)
-            if want_logits:
-                self.drafter.observe_prefill(toks, out.logits)
+                           need_logits=want_logits, return_hidden=want_hidden)
+            if want_logits or want_hidden:
+                self.drafter.observe_prefill(toks, out)
             self.cache.commit(q)
             pos += q
         self.tokens = list(prompt_ids)

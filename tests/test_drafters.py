@@ -80,7 +80,7 @@ def test_recycling_template_fill_equals_slow_reference():
 
 
 def test_recycling_template_gives_higher_ranks_more_children():
-    parents, ranks = template(80, 6)
+    parents, _ = template(80, 6)
     kids = Counter(parents[1:])
     first_child_of_root = parents.index(0)
     last_child_of_root = max(i for i, p in enumerate(parents) if p == 0)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from .base import Budget, Drafter, NoDraft, TargetOutput
 from .draft_model import DraftModelDrafter
+from .heads import HeadsDrafter
 from .ngram import TOP_K, NgramDrafter
 from .pld import PromptLookupDrafter
 from .recycling import RecyclingDrafter
 from .retrieval_level import REBUILD_EVERY, RETRIEVAL_BUDGET
 from .selfspec import SelfSpecDrafter
+from .tokenswift import DRAFT_PASSES, PARTIAL_BUDGET, TokenSwiftDrafter
 from .triforce import GAMMA1, STREAMING_WINDOW, TriForceDrafter
 
 # method -> default budget (max tree nodes incl. root, max depth), measured in BENCHMARKS.md
@@ -20,10 +22,15 @@ BUDGETS = {
     "draft": Budget(9, 8),
     "selfspec": Budget(9, 8),
     "triforce": Budget(13, 12),
+    "heads": Budget(16, 3),
+    "tokenswift": Budget(24, 4),
 }
 NEEDS_DRAFT_MODEL = ("draft", "triforce")
-# tuning options each method takes besides max_nodes and max_depth (all positive integers)
+# tuning options each method takes besides max_nodes and max_depth (positive integers, or
+# one of the listed strings)
 OPTIONS = {
+    "tokenswift": {"draft_pass": DRAFT_PASSES[0], "partial_budget": PARTIAL_BUDGET,
+                   "ngram_top_k": TOP_K, "heads_nodes": 39},
     "ngram": {"top_k": TOP_K},
     "selfspec": {"retrieval_budget": RETRIEVAL_BUDGET, "rebuild_every": REBUILD_EVERY},
     "triforce": {"retrieval_budget": RETRIEVAL_BUDGET, "rebuild_every": REBUILD_EVERY,
@@ -45,7 +52,10 @@ def resolve_options(method: str, options: dict | None) -> tuple[Budget, dict]:
         if key not in known:
             allowed = ", ".join(sorted(known)) or "none"
             raise ValueError(f"method {method!r} takes no option {key!r}; it takes: {allowed}")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if key == "draft_pass":
+            if value not in DRAFT_PASSES:
+                raise ValueError(f"option draft_pass must be one of {', '.join(DRAFT_PASSES)}, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"option {key} must be a positive integer, got {value!r}")
         known[key] = value
     if method != "ar":
@@ -76,6 +86,11 @@ def build_drafter(method: str, model, budget: Budget, options: dict, *, sampler,
         return TriForceDrafter(model, draft_model, sampler, context, options["retrieval_budget"],
                                options["rebuild_every"], budget.max_depth, options["gamma1"],
                                options["streaming_window"])
+    if method == "heads":
+        return HeadsDrafter(model, heads, sampler)
+    if method == "tokenswift":
+        return TokenSwiftDrafter(model, heads, sampler, options["draft_pass"], options["partial_budget"],
+                                 options["ngram_top_k"], options["heads_nodes"])
     raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(method_names())}")
 
 

@@ -33,8 +33,9 @@ class Drafter(ABC):
     needs_hidden = False          # the verify forward should return hidden states
     needs_prefill_logits = False  # prefill should compute logits for every prompt position
 
-    def observe_prefill(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
-        """Logits [c, vocab] after each token of a prefill chunk (when needs_prefill_logits)."""
+    def observe_prefill(self, tokens: torch.Tensor, out: ForwardOutput) -> None:
+        """The target's output for a prefill chunk: logits [c, vocab] after each token when
+        needs_prefill_logits, hidden states when needs_hidden."""
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
         """Called once after the prompt (all but its last token) is in the target's full

@@ -72,3 +72,13 @@ class ChainModel:
             if i + 1 < gamma:
                 logits = self.feed([token])
         return drafts, rows
+
+
+def root_queries(net: Transformer, committed: list[int], full: StaticCache) -> list[torch.Tensor]:
+    """Each layer's rotated query [heads, d] of the root (committed[-1]) over the full cache.
+    The root's keys land in the full cache's next slot, which the verify pass overwrites."""
+    queries: list[torch.Tensor] = []
+    device = net.device
+    net(torch.tensor(committed[-1:], device=device), torch.tensor([len(committed) - 1], device=device),
+        full, need_logits=False, queries=queries)
+    return queries

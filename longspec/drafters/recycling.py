@@ -22,9 +22,10 @@ WIDTH = 8
 RANK_WEIGHTS = (0.45, 0.15, 0.08, 0.05, 0.035, 0.025, 0.02, 0.015)
 
 
-def template(max_nodes: int, max_depth: int) -> tuple[list[int], list[int]]:
-    """Static tree (parents, ranks) of at most max_nodes nodes (root included) and max_depth
-    levels, in BFS order: the max_nodes - 1 paths of highest product of RANK_WEIGHTS."""
+def template(max_nodes: int, max_depth: int, width: int = WIDTH) -> tuple[list[int], list[int]]:
+    """Static tree (parents, ranks) of at most max_nodes nodes (root included), max_depth
+    levels and `width` children a node, in BFS order: the max_nodes - 1 paths of highest
+    product of RANK_WEIGHTS."""
     chosen = [(-1, -1, 0)]          # (parent, rank, depth) in the order picked
     heap = [(-RANK_WEIGHTS[0], 0, 0, 0)]   # (-score, tie, parent, rank)
     tie = 1
@@ -33,7 +34,7 @@ def template(max_nodes: int, max_depth: int) -> tuple[list[int], list[int]]:
         depth = chosen[parent][2] + 1
         node = len(chosen)
         chosen.append((parent, rank, depth))
-        if rank + 1 < WIDTH:        # the next sibling
+        if rank + 1 < width:        # the next sibling
             sibling = -neg / RANK_WEIGHTS[rank] * RANK_WEIGHTS[rank + 1]
             heapq.heappush(heap, (-sibling, tie, parent, rank + 1))
             tie += 1
@@ -91,8 +92,8 @@ class RecyclingDrafter(Drafter):
         """M[token] = the top-8 tokens of the logits that followed it."""
         self.matrix[tokens] = torch.topk(logits, WIDTH, dim=-1).indices
 
-    def observe_prefill(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
-        self.update(tokens, logits)
+    def observe_prefill(self, tokens, out) -> None:
+        self.update(tokens, out.logits)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         tpl = self._templates.get(budget)

@@ -8,11 +8,9 @@ reference builds it once, which fails for long outputs whose focus moves.
 
 from __future__ import annotations
 
-import torch
-
 from ..cache import StaticCache
 from ..cache.retrieval import RetrievalCache
-from .chain import ChainModel
+from .chain import ChainModel, root_queries
 
 RETRIEVAL_BUDGET = 4096
 REBUILD_EVERY = 128
@@ -41,13 +39,7 @@ class RetrievalLevel:
 
     def _rebuild(self, committed: list[int]) -> None:
         """Re-select chunks with the queries of the root token over the full cache."""
-        root = len(committed) - 1
-        queries: list[torch.Tensor] = []
-        device = self.target.device
-        # the root's keys land in the full cache's next slot, which the verify pass overwrites
-        self.target.net(torch.tensor(committed[-1:], device=device), torch.tensor([root], device=device),
-                        self.full, need_logits=False, queries=queries)
-        self.cache.rebuild(self.full, queries)
+        self.cache.rebuild(self.full, root_queries(self.target.net, committed, self.full))
         self.since_rebuild = 0
         self.stalled = 0
         self.rebuilds += 1

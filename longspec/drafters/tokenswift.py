@@ -1,0 +1,114 @@
+"""TokenSwift: multi-token heads, n-gram reutilization and a dynamic partial KV cache.
+
+Each step (draft_pass="partial", as the paper describes): the target runs the root over its
+partial cache; its own logits give the depth-1 token (chosen by the target's rule, so it is the
+target's pick whenever the partial cache is close enough), and the heads on the same hidden
+state give candidates for depths 2..4. The tree [1, 3, 3, 3] of those candidates and the top-k
+n-gram chains that start with the depth-1 token are merged into one trie, which the target
+verifies with its full cache. The partial cache then takes the accepted tokens' exact keys.
+
+With draft_pass="verify" the heads read the verify forward's hidden state of the last accepted
+node instead (no draft pass; depths 1..3), and the n-gram chains start at the root.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache.partial import PartialCache
+from ..tree import DraftTree, TrieBuilder
+from .base import Budget, Drafter
+from .chain import root_queries
+from .heads import resolve_heads
+from .ngram import NgramDrafter
+from .recycling import template
+
+DRAFT_PASSES = ("partial", "verify")
+PARTIAL_BUDGET = 4096
+HEADS_TOP_K = 3            # candidates per head: tree [1, 3, 3, 3]
+
+
+class TokenSwiftDrafter(Drafter):
+    def __init__(self, model, heads, sampler, draft_pass: str, partial_budget: int,
+                 ngram_top_k: int, heads_nodes: int):
+        if draft_pass not in DRAFT_PASSES:
+            raise ValueError(f"draft_pass must be one of {', '.join(DRAFT_PASSES)}, got {draft_pass!r}")
+        self.net = model.net
+        self.heads = resolve_heads(model, heads)
+        self.sampler = sampler
+        self.device = model.device
+        self.draft_pass = draft_pass
+        self.needs_hidden = draft_pass == "verify"
+        self.ngram = NgramDrafter(model.device, int(sampler.config.penalty_window), ngram_top_k)
+        self.partial = (PartialCache(model.config, partial_budget, model.dtype, model.device)
+                        if draft_pass == "partial" else None)
+        # the heads' part of the tree: the best paths over ranks < HEADS_TOP_K
+        parents, ranks = template(heads_nodes + 1, self.heads.gamma, width=HEADS_TOP_K)
+        depths = [0] * len(parents)
+        for node in range(1, len(parents)):
+            depths[node] = depths[parents[node]] + 1
+        self.heads_parents = [p - 1 for p in parents[1:]]      # -1: hangs off the anchor
+        self.heads_index = list(zip(depths[1:], ranks[1:]))   # (head, rank) of each node
+        self.full = None
+        self.hidden: torch.Tensor | None = None
+        self.queries: list[torch.Tensor] | None = None
+
+    def prefill(self, prompt_ids: list[int], cache) -> None:
+        self.full = cache
+        self.ngram.prefill(prompt_ids, cache)
+
+    def observe_prefill(self, tokens, out) -> None:
+        self.hidden = out.hidden[-1:]
+
+    def sync_partial(self, committed: list[int]) -> None:
+        """Bring the partial cache to the committed sequence but the root, ranking it again
+        when the new tokens (and the draft pass's scratch slot) no longer fit."""
+        pending = self.full.length - self.partial.covered
+        if self.partial.rankings == 0 or self.partial.room() < pending + 1:
+            queries = self.queries or root_queries(self.net, committed, self.full)
+            self.partial.rank(self.full, queries)
+        else:
+            self.partial.append_from(self.full, self.full.length)
+
+    def draft_pass_candidates(self, committed: list[int]) -> tuple[int, torch.Tensor]:
+        """The depth-1 token and head candidates [gamma, k] for depths 2.. from a forward of
+        the root over the partial cache."""
+        self.sync_partial(committed)
+        queries: list[torch.Tensor] = []
+        root = len(committed) - 1
+        out = self.net(torch.tensor(committed[-1:], device=self.device),
+                       torch.tensor([root], device=self.device), self.partial,
+                       return_hidden=True, queries=queries)
+        self.queries = queries
+        _, first = self.sampler.chain_choice(out.logits, [])
+        logits = self.heads.logits(self.net, out.hidden)[:, 0]
+        return first, torch.topk(self.sampler.guess_scores(logits, 2), HEADS_TOP_K, dim=-1).indices
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        self.ngram.sync(committed)
+        trie = TrieBuilder(committed[-1], budget.max_nodes, budget.max_depth)
+        if self.draft_pass == "partial":
+            first, cands = self.draft_pass_candidates(committed)
+            anchor = trie.child(0, first)
+            ngram_first, ngram_parent = first, anchor
+        else:
+            if self.hidden is None:
+                return trie.build(self.device)
+            logits = self.heads.logits(self.net, self.hidden)[:, 0]
+            cands = torch.topk(self.sampler.guess_scores(logits, 1), HEADS_TOP_K, dim=-1).indices
+            anchor = 0
+            ngram_first, ngram_parent = committed[-1], 0
+        if anchor is None:
+            return trie.build(self.device)
+        table = cands.tolist()                      # the draft's host sync
+        trie.add_tree(self.heads_parents, [table[d - 1][r] for d, r in self.heads_index], anchor)
+        self.ngram.add_chains(trie, ngram_first, ngram_parent)
+        return trie.build(self.device)
+
+    def observe(self, tree, target_out, verdict) -> None:
+        if self.needs_hidden:
+            last = verdict.accepted[-1]
+            self.hidden = target_out.forward.hidden[last:last + 1]
+
+    def stats(self) -> dict:
+        return {"partial_rankings": self.partial.rankings} if self.partial is not None else {}
