@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 from pathlib import Path
 
+from .heads.train import HeadsTraining
 from .sampling import SamplingConfig
 
 DEMO_PROMPT = '''import os
@@ -56,6 +58,18 @@ def _method_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", help="draft model directory or bundled name (draft, triforce)")
     p.add_argument("--heads", help="multi-token heads directory (heads, tokenswift)")
     p.add_argument("--verify", default="match", choices=("match", "rejection"))
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="method tuning, e.g. max_nodes=16 (repeatable; see README)")
+
+
+def parse_options(pairs: list[str]) -> dict:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option takes KEY=VALUE, got {pair!r}")
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    return options
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,6 +102,36 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", type=int, default=2048)
     d.add_argument("--method", default="ar")
     _model_flags(d)
+
+    b = sub.add_parser("bench", help="benchmark methods and transformers side by side")
+    b.add_argument("model", help="checkpoint directory or bundled name")
+    b.add_argument("--methods", default="ar,pld,recycling,hf",
+                   help="comma-separated: our methods (NAME or NAME[key=value,...]) and hf, hf-pld, hf-assisted")
+    b.add_argument("--gen-lens", default="256,1024", help="comma-separated numbers of new tokens")
+    b.add_argument("--prompt-len", type=int, default=1024)
+    b.add_argument("--prompt-file", help="prompt text (default: held-out Python source)")
+    b.add_argument("--runs", type=int, default=1)
+    b.add_argument("--out", default="bench-out")
+    b.add_argument("--draft-model", help="draft model (draft, triforce, hf-assisted)")
+    b.add_argument("--heads", help="multi-token heads directory (heads, tokenswift)")
+    b.add_argument("--option", action="append", default=[], metavar="[METHOD:]KEY=VALUE")
+    b.add_argument("--no-progress", action="store_true")
+    _sampling_flags(b)
+    _model_flags(b)
+
+    h = sub.add_parser("train-heads", help="train multi-token heads for a model (backbone frozen)")
+    h.add_argument("model", help="checkpoint directory or bundled name")
+    h.add_argument("--data", nargs="+", required=True, metavar="FILE", help="training text files")
+    h.add_argument("--out", required=True, help="directory for heads.safetensors and heads.json")
+    defaults = HeadsTraining()
+    h.add_argument("--steps", type=int, default=defaults.steps)
+    h.add_argument("--lr", type=float, default=defaults.lr)
+    h.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    h.add_argument("--seq-len", type=int, default=defaults.seq_len)
+    h.add_argument("--target", choices=("text", "distill"), default=defaults.target,
+                   help="learn the text's tokens, or the model's own predictions")
+    h.add_argument("--seed", type=int, default=0)
+    _model_flags(h)
 
     t = sub.add_parser("train-tiny", help="train the demo tokenizer, target and draft models")
     t.add_argument("--out", default=None, help="output directory (default: the bundled location)")
@@ -126,7 +170,7 @@ def cmd_generate(args) -> int:
     s = stream(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
                sampling=sampling, seed=args.seed, draft_model=draft, heads=args.heads,
                stop=args.stop, ignore_eos=args.ignore_eos, verify=args.verify,
-               progress=not args.no_progress)
+               progress=not args.no_progress, options=parse_options(args.option))
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(args.output, "a", encoding="utf-8")) if args.output else None
         for chunk in s:
@@ -165,6 +209,43 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
+def cmd_bench(args) -> int:
+    from .bench.main import run_bench
+    from .models import load_model
+
+    sampling = sampling_from_args(args)
+    gen_lens = _int_list(args.gen_lens, "--gen-lens")
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    draft = _load_optional(args.draft_model, args.dtype, args.device)
+    methods = [m for m in re.split(r",(?![^\[]*\])", args.methods) if m.strip()]
+    written = run_bench(model, draft, args.heads, methods, gen_lens, args.prompt_len, args.prompt_file,
+                        sampling, args.seed, args.runs, Path(args.out), args.option,
+                        progress=not args.no_progress)
+    print(Path(args.out, "results.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def cmd_train_heads(args) -> int:
+    from .heads.train import train_heads
+    from .models import load_model
+
+    cfg = HeadsTraining(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+                        seq_len=args.seq_len, target=args.target, seed=args.seed).validate()
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    record = train_heads(model, args.data, cfg, out=args.out)
+    print(f"held-out loss {record['held_out_loss_before']} -> {record['held_out_loss_after']} "
+          f"in {record['seconds']:.0f} s; heads saved to {args.out}")
+    return 0
+
+
 def cmd_train_tiny(args) -> int:
     from .models.loader import demo_path
     from .zoo.train import build_demo_models
@@ -174,7 +255,8 @@ def cmd_train_tiny(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "train-tiny": cmd_train_tiny}
+COMMANDS = {"generate": cmd_generate, "demo": cmd_demo, "bench": cmd_bench, "train-heads": cmd_train_heads,
+            "train-tiny": cmd_train_tiny}
 
 
 def main(argv: list[str] | None = None) -> int:

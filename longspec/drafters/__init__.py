@@ -42,6 +42,15 @@ def method_names() -> tuple[str, ...]:
     return tuple(BUDGETS)
 
 
+# options where 0 is meaningful (no n-gram chains: the ablation of TokenSwift's paper)
+ZERO_OK = ("top_k", "ngram_top_k")
+
+
+def option_names(method: str) -> set[str]:
+    names = set(OPTIONS.get(method, {}))
+    return names | {"max_nodes", "max_depth"} if method != "ar" else names
+
+
 def resolve_options(method: str, options: dict | None) -> tuple[Budget, dict]:
     """The method's budget and tuning options, defaults overridden by `options`."""
     budget = BUDGETS[method]
@@ -55,7 +64,7 @@ def resolve_options(method: str, options: dict | None) -> tuple[Budget, dict]:
         if key == "draft_pass":
             if value not in DRAFT_PASSES:
                 raise ValueError(f"option draft_pass must be one of {', '.join(DRAFT_PASSES)}, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key in ZERO_OK else 1):
             raise ValueError(f"option {key} must be a positive integer, got {value!r}")
         known[key] = value
     if method != "ar":
@@ -95,4 +104,4 @@ def build_drafter(method: str, model, budget: Budget, options: dict, *, sampler,
 
 
 __all__ = ["NEEDS_DRAFT_MODEL", "Budget", "Drafter", "NoDraft", "TargetOutput", "build_drafter",
-           "method_names", "resolve_options"]
+           "method_names", "option_names", "resolve_options"]

@@ -1,0 +1,1 @@
+"""Benchmark harness: methods x generation lengths, side by side in one process."""

@@ -1,0 +1,81 @@
+"""Output diversity, memory bandwidth and the decoding roofline."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from typing_extensions import Self
+
+
+def distinct_n(tokens: list[int], n: int) -> float:
+    """Distinct-n: distinct n-grams / all n-grams of the output (0 when it has none)."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def measure_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:
+    """Read bandwidth in bytes/s: the best of `repeats` sums over a `mib` MiB buffer."""
+    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        x.sum().item()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
+
+
+def decode_bytes(weight_bytes: int, kv_bytes_per_token: int, context: int) -> int:
+    """Bytes one plain decoding step must read: every weight once, the KV of `context` tokens."""
+    return weight_bytes + kv_bytes_per_token * context
+
+
+def roofline_ms(weight_bytes: int, kv_bytes_per_token: int, context: int, bandwidth: float) -> float:
+    """Milliseconds per token that plain decoding cannot beat at `bandwidth` bytes/s."""
+    return 1e3 * decode_bytes(weight_bytes, kv_bytes_per_token, context) / bandwidth
+
+
+def mean_roofline_ms(weight_bytes: int, kv_bytes_per_token: int, prompt_len: int, gen_len: int,
+                     bandwidth: float) -> float:
+    """Roofline per token averaged over a generation whose context grows from prompt_len."""
+    mean_context = prompt_len + (gen_len - 1) / 2
+    return roofline_ms(weight_bytes, kv_bytes_per_token, mean_context, bandwidth)
+
+
+class PeakMemory:
+    """Peak memory during a block: CUDA's peak allocation, or the resident set sampled every
+    5 ms on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak = 0
+        self._stop = threading.Event()
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self._rss())
+
+    def __enter__(self) -> Self:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.peak = self._rss()
+            self._thread = threading.Thread(target=self._watch, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            self.peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak, self._rss())

@@ -1,0 +1,198 @@
+"""Run methods x generation lengths side by side: same model, prompt, sampling and seed,
+interleaved run by run after a warm-up, with transformers' `generate` as the peers.
+
+A method is named as on the command line, optionally with options for this entry alone:
+`tokenswift[ngram_top_k=0]` runs tokenswift without n-gram chains beside plain `tokenswift`.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from ..api import generate
+from ..drafters import NEEDS_DRAFT_MODEL, method_names, option_names, resolve_options
+from ..sampling import SamplingConfig
+from .metrics import PeakMemory, distinct_n
+
+PEERS = ("hf", "hf-pld", "hf-assisted")
+WARMUP_TOKENS = 16
+PLD_TOKENS = 10           # transformers' prompt_lookup_num_tokens
+
+
+@dataclass(frozen=True)
+class Entry:
+    label: str               # as given, e.g. "tokenswift[ngram_top_k=0]"
+    method: str              # our method name or a peer
+    options: dict = field(default_factory=dict)
+
+
+def parse_entry(spec: str, shared: dict) -> Entry:
+    """'name' or 'name[key=value,...]'; `shared` options go to every method that takes them."""
+    match = re.fullmatch(r"([\w-]+)(?:\[(.*)\])?", spec.strip())
+    if not match:
+        raise ValueError(f"bad method entry {spec!r}; use NAME or NAME[key=value,...]")
+    name, opts = match.group(1), match.group(2)
+    if name not in method_names() and name not in PEERS:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(method_names() + PEERS)}")
+    options = {}
+    if name in method_names():
+        accepted = option_names(name)
+        options = {k: v for k, v in shared.get(None, {}).items() if k in accepted}
+        options.update(shared.get(name, {}))
+    for pair in filter(None, (opts or "").split(",")):
+        key, _, value = pair.partition("=")
+        options[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    if options and name in PEERS:
+        raise ValueError(f"{name} takes no options")
+    if name in method_names():
+        resolve_options(name, options)
+    return Entry(spec.strip(), name, options)
+
+
+class Peers:
+    """transformers' generate on the same checkpoint (and draft checkpoint)."""
+
+    def __init__(self, model, draft_model):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype).to(model.device).eval()
+        self.draft = None
+        if draft_model is not None:
+            self.draft = AutoModelForCausalLM.from_pretrained(
+                draft_model.path, dtype=draft_model.dtype).to(draft_model.device).eval()
+
+    @staticmethod
+    def status(peer: str, sampling: SamplingConfig, context: int, has_draft: bool) -> str:
+        if peer == "hf-assisted" and not has_draft:
+            return "unsupported: needs --draft-model"
+        if sampling.uses_penalty and sampling.penalty_window < context:
+            return ("approximate: transformers' repetition_penalty covers the whole sequence, "
+                    f"not the last {sampling.penalty_window} tokens")
+        if sampling.eta and not sampling.greedy:
+            return "approximate: eta uses transformers' eta_cutoff warper"
+        return "ok"
+
+    def generate(self, peer: str, prompt: list[int], gen_len: int, sampling: SamplingConfig,
+                 seed: int) -> list[int]:
+        kwargs = {"max_new_tokens": gen_len, "min_new_tokens": gen_len}
+        if sampling.greedy:
+            kwargs["do_sample"] = False
+        else:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=sampling.top_k or None, min_p=sampling.min_p or None)
+            if sampling.eta:
+                kwargs["eta_cutoff"] = sampling.eta
+        if sampling.uses_penalty:
+            kwargs["repetition_penalty"] = sampling.penalty
+        if peer == "hf-pld":
+            kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
+        if peer == "hf-assisted":
+            kwargs["assistant_model"] = self.draft
+        ids = torch.tensor([prompt], device=self.model.device)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, **kwargs)
+        return out[0, len(prompt):].tolist()
+
+
+@dataclass
+class RunSpec:
+    entries: list[Entry]
+    gen_lens: list[int]
+    prompt: list[int]
+    sampling: SamplingConfig
+    seed: int = 0
+    runs: int = 1
+
+
+def _one(model, entry: Entry, spec: RunSpec, gen_len: int, draft_model, heads, peers) -> dict:
+    device = model.device
+    with PeakMemory(device) as mem:
+        start = time.perf_counter()
+        if entry.method in PEERS:
+            tokens = peers.generate(entry.method, spec.prompt, gen_len, spec.sampling, spec.seed)
+            stats = {}
+        else:
+            res = generate(model, spec.prompt, gen_len, method=entry.method, sampling=spec.sampling,
+                           seed=spec.seed, draft_model=draft_model, heads=heads, ignore_eos=True,
+                           options=entry.options)
+            tokens, stats = res.token_ids, res.stats
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": tokens, "stats": stats, "peak": mem.peak}
+
+
+def run(model, spec: RunSpec, draft_model=None, heads=None, progress: bool = True) -> list[dict]:
+    """Rows of results, one per entry x generation length (medians over runs)."""
+    for entry in spec.entries:
+        if entry.method in NEEDS_DRAFT_MODEL and draft_model is None:
+            raise ValueError(f"method {entry.method} needs --draft-model")
+    needs_peers = any(e.method in PEERS for e in spec.entries)
+    peers = Peers(model, draft_model) if needs_peers else None
+    statuses = {e.label: (Peers.status(e.method, spec.sampling, len(spec.prompt) + max(spec.gen_lens),
+                                       draft_model is not None) if e.method in PEERS else "ok")
+                for e in spec.entries}
+    runnable = [e for e in spec.entries if not statuses[e.label].startswith("unsupported")]
+    for entry in runnable:                                     # warm-up
+        _one(model, entry, spec, WARMUP_TOKENS, draft_model, heads, peers)
+    total = len(spec.gen_lens) * spec.runs * len(runnable)
+    bar = tqdm(total=total, desc="bench", disable=not progress, dynamic_ncols=True)
+    collected: dict[tuple[str, int], list[dict]] = {}
+    for gen_len in spec.gen_lens:
+        for _ in range(spec.runs):
+            for entry in runnable:                             # interleaved
+                bar.set_postfix_str(f"{entry.label} @ {gen_len}")
+                collected.setdefault((entry.label, gen_len), []).append(
+                    _one(model, entry, spec, gen_len, draft_model, heads, peers))
+                bar.update(1)
+    bar.close()
+    rows = []
+    for gen_len in spec.gen_lens:
+        for entry in spec.entries:
+            rows.append(_row(entry, gen_len, collected.get((entry.label, gen_len), []), statuses[entry.label]))
+    _add_speedups(rows)
+    return rows
+
+
+def _row(entry: Entry, gen_len: int, runs: list[dict], status: str) -> dict:
+    row = {"method": entry.label, "gen_len": gen_len, "status": status, "runs": len(runs)}
+    if not runs:
+        return row
+    seconds = statistics.median(r["seconds"] for r in runs)
+    last = runs[-1]
+    stats = last["stats"]
+    row.update(
+        seconds=round(seconds, 4),
+        tokens_per_s=round(len(last["tokens"]) / seconds, 2),
+        new_tokens=len(last["tokens"]),
+        acceptance_rate=round(stats["acceptance_rate"], 4) if stats else None,
+        mean_accepted_length=round(stats["mean_accepted_length"], 3) if stats else None,
+        peak_memory_bytes=max(r["peak"] for r in runs),
+        **{f"distinct_{n}": round(distinct_n(last["tokens"], n), 4) for n in range(1, 5)},
+    )
+    for key in ("middle_acceptance_rate", "retrieval_rebuilds", "partial_rankings", "verify_forward_s",
+                "decode_s", "prefill_s"):
+        if key in stats:
+            row[key] = round(stats[key], 4)
+    return row
+
+
+def _add_speedups(rows: list[dict]) -> None:
+    by_len: dict[int, dict[str, dict]] = {}
+    for row in rows:
+        by_len.setdefault(row["gen_len"], {})[row["method"]] = row
+    for row in rows:
+        if "seconds" not in row:
+            continue
+        peers = by_len[row["gen_len"]]
+        for base in ("ar", "hf"):
+            ref = peers.get(base)
+            if ref is not None and "seconds" in ref:
+                row[f"speedup_vs_{base}"] = round(ref["seconds"] / row["seconds"], 3)
