@@ -15,7 +15,7 @@ import torch
 
 from .cache import StaticCache, causal_mask
 from .drafters.base import Budget, Drafter, TargetOutput
-from .memory import available_bytes, format_bytes, peak_bytes
+from .memory import ensure_fits, peak_bytes
 from .models.loader import Model
 from .sampler import Sampler
 from .stopping import StopRules
@@ -60,12 +60,8 @@ class Engine:
         """Raise ValueError, before anything is allocated, when the KV cache would not fit."""
         cfg = self.model.config
         need = self.plan_capacity(prompt_len) * cfg.kv_bytes_per_token(self.model.dtype.itemsize)
-        free = available_bytes(self.device)
-        if need > 0.9 * free:
-            raise ValueError(
-                f"the KV cache for {prompt_len} prompt + {self.max_new_tokens} new tokens needs "
-                f"{format_bytes(need)} but {format_bytes(free)} is free on {self.device}; "
-                "lower max_new_tokens or the prompt length, or use dtype bfloat16")
+        ensure_fits(need, self.device, f"the KV cache for {prompt_len} prompt + {self.max_new_tokens} "
+                    "new tokens", "lower max_new_tokens or the prompt length, or use dtype bfloat16")
 
     def allocate(self, prompt_len: int) -> None:
         self.net.set_context(prompt_len + self.max_new_tokens)

@@ -33,8 +33,19 @@ def peak_bytes(device: torch.device) -> int:
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    return f"{n:.1f} GiB"
+        if n < 1024 or unit == "GiB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+def ensure_fits(need: int, device: torch.device, what: str, fix: str) -> None:
+    """Raise ValueError before allocating `need` bytes when the device has not that much free
+    (a tenth is kept in reserve)."""
+    free = available_bytes(device)
+    if need > 0.9 * free:
+        raise ValueError(f"{what} needs {format_bytes(need)} but {format_bytes(free)} is free on "
+                         f"{device}; {fix}")

@@ -17,6 +17,11 @@ class Budget:
     max_nodes: int   # nodes of a draft tree, root included
     max_depth: int   # draft tokens along any path
 
+    @property
+    def chain(self) -> int:
+        """Longest chain that fits both limits."""
+        return min(self.max_depth, self.max_nodes - 1)
+
 
 @dataclass
 class TargetOutput:

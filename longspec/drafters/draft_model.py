@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..cache import StaticCache
+from ..memory import ensure_fits
 from ..tree import DraftTree, TreeShape
 from .base import Budget, Drafter
 from .chain import ChainModel
@@ -53,6 +54,8 @@ class DraftModelDrafter(Drafter):
         self.sampler = sampler
         self.device = target.device
         self.context = context
+        ensure_fits(capacity * draft.config.kv_bytes_per_token(draft.dtype.itemsize), draft.device,
+                    "the draft model's KV cache", "lower max_new_tokens")
         cache = StaticCache.for_model(draft.config, capacity, draft.dtype, draft.device)
         self.chain = ChainModel(draft.net, cache)
         self.gamma = AdaptiveGamma()
@@ -70,9 +73,9 @@ class DraftModelDrafter(Drafter):
         return self._shapes[n]
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        gamma = self.gamma.get(budget.max_depth)
+        gamma = self.gamma.get(budget.chain)
         self._start = len(committed)
-        self._limit = budget.max_depth
+        self._limit = budget.chain
         drafts, rows = self.chain.draft(committed, gamma, self.sampler.chain_choice)
         probs = torch.softmax(torch.cat(rows), dim=-1) if self.sampler.rejection else None
         tokens = torch.tensor([committed[-1], *drafts], device=self.device)

@@ -53,7 +53,7 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         self.index.extend(committed[len(self.index.tokens):])
-        chain = self.index.lookup(min(budget.max_depth, budget.max_nodes - 1))
+        chain = self.index.lookup(budget.chain)
         shape = self._shapes.get(len(chain))
         if shape is None:
             shape = self._shapes[len(chain)] = TreeShape.chain(len(chain), self.device)

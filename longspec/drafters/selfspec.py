@@ -24,8 +24,8 @@ class SelfSpecDrafter(Drafter):
         self.level.attach(cache)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        self._limit = budget.max_depth
-        gamma = self.gamma.get(budget.max_depth)
+        self._limit = budget.chain
+        gamma = self.gamma.get(budget.chain)
         self.level.sync(committed)
         drafts, rows = self.level.chain.draft(committed, gamma, self.sampler.chain_choice)
         probs = torch.softmax(torch.cat(rows), dim=-1) if self.sampler.rejection else None

@@ -85,7 +85,7 @@ class TriForceDrafter(Drafter):
         self._start = len(committed)
         collected: list[int] = []
         probs: list[torch.Tensor] = []
-        gamma2 = budget.max_depth
+        gamma2 = budget.chain
         while len(collected) < gamma2:
             gamma1 = min(self.gamma1, gamma2 - len(collected))
             new, mid_probs = self.middle_step(committed + collected, collected, gamma1)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..memory import available_bytes, format_bytes
+from ..memory import ensure_fits
 from .config import ModelConfig, as_ids, read_config
 from .transformer import Transformer
 
@@ -186,12 +186,6 @@ def build_transformer(config: ModelConfig, tensors: dict[str, torch.Tensor],
     return Transformer(config, top, layers)
 
 
-def _check_weight_memory(n_params: int, dtype: torch.dtype, device: torch.device) -> None:
-    need = n_params * dtype.itemsize
-    free = available_bytes(device)
-    if need > free:
-        raise ValueError(f"the weights need {format_bytes(need)} in {dtype} but only "
-                         f"{format_bytes(free)} is free on {device}; use a smaller dtype or model")
 
 
 def _generation_eos(model_dir: Path) -> tuple[int, ...]:
@@ -229,6 +223,7 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
     config = read_config(model_dir)
     files = _weight_files(model_dir)
     tensors = read_tensors(files)
-    _check_weight_memory(sum(t.numel() for t in tensors.values()), dt, dev)
+    ensure_fits(sum(t.numel() for t in tensors.values()) * dt.itemsize, dev, f"the weights in {dt}",
+                "use a smaller dtype or model")
     net = build_transformer(config, tensors, dt, dev)
     return Model(net, config, load_tokenizer(model_dir), model_dir, _generation_eos(model_dir))

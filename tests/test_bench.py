@@ -1,0 +1,42 @@
+"""The benchmark harness: outputs and their fields; Distinct-n and roofline arithmetic."""
+
+import json
+
+from longspec.bench.metrics import decode_bytes, distinct_n, roofline_ms
+from longspec.cli import main
+
+
+def test_distinct_n_hand_computed():
+    tokens = [1, 2, 1, 2, 3]
+    assert distinct_n(tokens, 1) == 3 / 5
+    assert distinct_n(tokens, 2) == 3 / 4            # (1,2) (2,1) (1,2) (2,3)
+    assert distinct_n(tokens, 3) == 3 / 3
+    assert distinct_n(tokens, 6) == 0.0
+
+
+def test_roofline_arithmetic():
+    # 100 MB of weights, 1 KB of KV per token, 1000 tokens of context, 10 GB/s
+    assert decode_bytes(100_000_000, 1000, 1000) == 101_000_000
+    assert abs(roofline_ms(100_000_000, 1000, 1000, 10e9) - 10.1) < 1e-9
+
+
+def test_bench_writes_results_table_and_plots(tmp_path, capsys):
+    code = main(["bench", "demo", "--methods", "ar,pld,recycling[max_nodes=8],hf,hf-assisted",
+                 "--gen-lens", "8,16", "--prompt-len", "64", "--out", str(tmp_path), "--no-progress",
+                 "--temperature", "0", "--dtype", "float32"])
+    assert code == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    rows = report["results"]
+    assert len(rows) == 10
+    assert {"device", "dtype", "versions", "command", "bandwidth_gb_s", "roofline"} <= set(report)
+    done = [r for r in rows if r["status"] == "ok"]
+    fields = {"method", "gen_len", "seconds", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf",
+              "acceptance_rate", "mean_accepted_length", "distinct_1", "distinct_2", "distinct_3",
+              "distinct_4", "peak_memory_bytes"}
+    assert all(fields <= set(r) for r in done) and len(done) == 8
+    assistant = [r for r in rows if r["method"] == "hf-assisted"]
+    assert all(r["status"].startswith("unsupported") for r in assistant)
+    assert "| recycling[max_nodes=8] | 16 |" in (tmp_path / "results.md").read_text()
+    for name in ("speedup.png", "acceptance.png", "tokens_per_s.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert report["roofline"][0]["roofline_seconds"] > 0

@@ -1,0 +1,71 @@
+"""Every method writes exactly the tokens plain decoding writes: same seed, same settings,
+greedy and sampled, at least 1K new tokens, fp32, on the demo model, two held-out prompts."""
+
+import functools
+from pathlib import Path
+
+import pytest
+import tqdm
+
+import longspec
+from longspec.bench.prompts import default_prompt_text
+
+S = longspec.SamplingConfig
+SETTINGS = {
+    "greedy": S(temperature=0),
+    "greedy_penalty": S(temperature=0, penalty=1.2, penalty_window=64),
+    "sampling_min_p_penalty": S(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64),
+    "sampling_top_p": S(temperature=0.8, top_p=0.9),
+}
+NEW_TOKENS = 1024
+# small retrieval and partial caches, so that they select and rank within these short runs
+OPTIONS = {"selfspec": {"retrieval_budget": 128, "rebuild_every": 64},
+           "triforce": {"retrieval_budget": 128, "rebuild_every": 64, "streaming_window": 64},
+           "tokenswift": {"partial_budget": 96}}
+METHODS = ["pld", "ngram", "recycling", "heads", "tokenswift", "draft", "selfspec", "triforce"]
+
+
+def prompts():
+    held_out = Path(tqdm.__file__).with_name("std.py").read_text()
+    return {"tqdm": held_out[:1200], "transformers": default_prompt_text()[20000:21200]}
+
+
+@functools.cache
+def models():
+    return (longspec.load_model("demo", dtype="float32", device="cpu"),
+            longspec.load_model("demo-draft", dtype="float32", device="cpu"))
+
+
+@functools.cache
+def reference(prompt: str, setting: str) -> tuple[int, ...]:
+    target, _ = models()
+    res = longspec.generate(target, prompts()[prompt], max_new_tokens=NEW_TOKENS,
+                            sampling=SETTINGS[setting], seed=3, ignore_eos=True)
+    return tuple(res.token_ids)
+
+
+@pytest.mark.parametrize("prompt", ["tqdm", "transformers"])
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("method", METHODS)
+def test_method_matches_ar_token_for_token(method, setting, prompt):
+    target, draft = models()
+    res = longspec.generate(target, prompts()[prompt], max_new_tokens=NEW_TOKENS, method=method,
+                            sampling=SETTINGS[setting], seed=3, ignore_eos=True, draft_model=draft,
+                            options=OPTIONS.get(method))
+    expect = reference(prompt, setting)
+    got = tuple(res.token_ids)
+    first_difference = next((i for i, (a, b) in enumerate(zip(got, expect)) if a != b), None)
+    assert first_difference is None and len(got) == len(expect) == NEW_TOKENS
+    # the drafts were used (ngram counts only 4-grams that left the penalty window, which
+    # without a penalty is its default 1024 tokens: none within this run)
+    if method != "ngram" or SETTINGS[setting].uses_penalty:
+        assert res.stats["accepted_draft_tokens"] > 0
+
+
+def test_tokenswift_drafting_from_the_verify_pass_matches_ar():
+    target, _ = models()
+    setting = "sampling_min_p_penalty"
+    res = longspec.generate(target, prompts()["tqdm"], max_new_tokens=NEW_TOKENS, method="tokenswift",
+                            sampling=SETTINGS[setting], seed=3, ignore_eos=True,
+                            options={"draft_pass": "verify"})
+    assert tuple(res.token_ids) == reference("tqdm", setting)
