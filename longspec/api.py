@@ -104,7 +104,8 @@ def prepare(model: Model, prompt, max_new_tokens: int, method: str, sampling: Sa
 
 
 class Stream:
-    """Iterate for `Chunk`s as steps commit them; `result` holds the whole generation after."""
+    """Iterate for `Chunk`s as steps commit them; `result` holds the generation once the
+    iteration ends or `close()` stops it early (what was committed so far)."""
 
     def __init__(self, model: Model, engine: Engine, prompt_ids: list[int], progress: bool):
         self.model = model
@@ -112,8 +113,15 @@ class Stream:
         self.prompt_ids = prompt_ids
         self.progress = progress
         self.result: GenerationResult | None = None
+        self._chunks = self._run()
 
     def __iter__(self) -> Iterator[Chunk]:
+        return self._chunks
+
+    def close(self) -> None:
+        self._chunks.close()
+
+    def _run(self) -> Iterator[Chunk]:
         tok = self.model.tokenizer
         detok = Detokenizer(tok, self.prompt_ids[-4:]) if tok is not None else None
         token_ids: list[int] = []

@@ -171,22 +171,31 @@ def cmd_generate(args) -> int:
                sampling=sampling, seed=args.seed, draft_model=draft, heads=args.heads,
                stop=args.stop, ignore_eos=args.ignore_eos, verify=args.verify,
                progress=not args.no_progress, options=parse_options(args.option))
+    interrupted = False
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(args.output, "a", encoding="utf-8")) if args.output else None
-        for chunk in s:
-            if not chunk.text:
-                continue
-            if out:
-                out.write(chunk.text)
-                out.flush()
-            if not args.json:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
+        try:
+            for chunk in s:
+                if not chunk.text:
+                    continue
+                if out:
+                    out.write(chunk.text)
+                    out.flush()
+                if not args.json:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            interrupted = True      # keep what was made: the file has it, the JSON gets it
+            s.close()
     if args.json:
         r = s.result
-        print(json.dumps({"token_ids": r.token_ids, "text": r.text, "stats": r.stats}))
+        print(json.dumps({"token_ids": r.token_ids, "text": r.text, "stats": r.stats,
+                          "interrupted": interrupted}))
     else:
         sys.stdout.write("\n")
+    if interrupted:
+        print("longspec: interrupted; the text so far was kept", file=sys.stderr)
+        return 130
     return 0
 
 

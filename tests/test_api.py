@@ -1,0 +1,57 @@
+"""The public API on a tiny checkpoint: stream equals generate, early close keeps the text."""
+
+import pytest
+from helpers import make_checkpoint
+
+import longspec
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("api")
+    make_checkpoint(path, "qwen2", max_positions=256)
+    return longspec.load_model(path, dtype="float32", device="cpu")
+
+
+def test_stream_chunks_add_up_to_generate(model):
+    kwargs = {"max_new_tokens": 40, "method": "pld", "seed": 5, "ignore_eos": True,
+              "sampling": longspec.SamplingConfig(temperature=0.7)}
+    whole = longspec.generate(model, [3, 4, 5, 3, 4], **kwargs)
+    s = longspec.stream(model, [3, 4, 5, 3, 4], **kwargs)
+    chunks = [c.token_ids for c in s]
+    assert [t for c in chunks for t in c] == whole.token_ids
+    assert s.result.token_ids == whole.token_ids and s.result.stats["new_tokens"] == 40
+
+
+def test_closing_a_stream_early_keeps_what_was_committed(model):
+    s = longspec.stream(model, [1, 2, 3], max_new_tokens=50, ignore_eos=True)
+    it = iter(s)
+    first = next(it).token_ids + next(it).token_ids
+    s.close()
+    assert s.result.token_ids == first and s.result.stats["new_tokens"] == len(first)
+
+
+def test_eos_ends_generation_and_is_kept(model):
+    ref = longspec.generate(model, [1, 2, 3], max_new_tokens=30, ignore_eos=True,
+                            sampling=longspec.SamplingConfig(temperature=0))
+    stop_token = ref.token_ids[7]
+    cut = longspec.generate(model, [1, 2, 3], max_new_tokens=30, stop=[stop_token],
+                            sampling=longspec.SamplingConfig(temperature=0), method="recycling")
+    first = ref.token_ids.index(stop_token)
+    assert cut.token_ids == ref.token_ids[:first + 1]
+
+
+def test_unknown_method_option_is_rejected(model):
+    with pytest.raises(ValueError, match="takes no option 'gamma1'"):
+        longspec.generate(model, [1, 2], max_new_tokens=2, method="pld", options={"gamma1": 3})
+    with pytest.raises(ValueError, match="positive integer"):
+        longspec.generate(model, [1, 2], max_new_tokens=2, method="pld", options={"max_depth": 0})
+
+
+def test_draft_model_with_another_vocabulary_is_rejected(model, tmp_path):
+    make_checkpoint(tmp_path, "llama", vocab=200)
+    other = longspec.load_model(tmp_path, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="vocabulary"):
+        longspec.generate(model, [1, 2], max_new_tokens=2, method="draft", draft_model=other)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        longspec.generate(model, [1, 2], max_new_tokens=2, method="triforce")
