@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
@@ -96,24 +97,28 @@ def process_logits(logits: torch.Tensor, cfg: SamplingConfig,
     return x
 
 
-# On a CPU a full sort of the vocabulary costs ~1 ms a row; the nucleus almost always lies
-# within the top few hundred tokens, which topk finds ~40x faster.
-NUCLEUS_CANDIDATES = 256
+# On a CPU, torch's full sort of the vocabulary costs ~0.6 ms a row; the nucleus usually lies
+# within the top few dozen tokens, which topk finds ~10x faster; numpy sorts values ~5x faster.
+NUCLEUS_CANDIDATES = 64
 
 
 def _outside_nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Bool mask of the tokens outside the smallest most-likely set of mass >= top_p."""
+    """Bool mask of the tokens outside the nucleus: the most likely tokens whose mass before
+    them is below top_p (at an exact tie on the boundary, every tied token stays)."""
     probs = torch.softmax(x, dim=-1)
     k = min(NUCLEUS_CANDIDATES, x.shape[-1])
     top, order = torch.topk(probs, k, dim=-1)
     mass_before = torch.cumsum(top, dim=-1) - top
-    # the shortcut needs a host check, which costs nothing on the CPU and a sync on a GPU
+    # the shortcut needs a host check, which costs nothing on a CPU and a sync on a GPU
     if k == x.shape[-1] or (x.device.type == "cpu" and bool((mass_before[:, -1] + top[:, -1] >= top_p).all())):
         outside = torch.ones_like(x, dtype=torch.bool)
         return outside.scatter_(-1, order, mass_before >= top_p)
-    top, order = torch.sort(probs, dim=-1, descending=True)
-    mass_before = torch.cumsum(top, dim=-1) - top
-    return (mass_before >= top_p).scatter(-1, order, mass_before >= top_p)
+    if x.device.type == "cpu":
+        ordered = torch.from_numpy(np.ascontiguousarray(np.sort(probs.numpy(), axis=-1)[:, ::-1]))
+    else:
+        ordered = torch.sort(probs, dim=-1, descending=True).values
+    last_kept = ((torch.cumsum(ordered, dim=-1) - ordered) < top_p).sum(-1, keepdim=True) - 1
+    return probs < ordered.gather(-1, last_kept)
 
 
 def position_seed(seed: int, position: int) -> int:

@@ -64,6 +64,11 @@ class PartialCache(KVCache):
             self.tail -= n
         self.covered = upto
 
+    def restart_tail(self) -> None:
+        """Overwrite the tokens added since the last ranking again, oldest first (the
+        prefill-only ablation: no new ranking, a window of recent tokens instead)."""
+        self.tail = self.budget
+
     def rank(self, full, queries: list[torch.Tensor]) -> None:
         """Refill from the full cache's committed slots: the sink, then the most important
         tokens by `queries` (one rotated query [heads, d] per layer), most important first."""

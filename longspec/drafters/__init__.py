@@ -10,7 +10,7 @@ from .pld import PromptLookupDrafter
 from .recycling import RecyclingDrafter
 from .retrieval_level import REBUILD_EVERY, RETRIEVAL_BUDGET
 from .selfspec import SelfSpecDrafter
-from .tokenswift import DRAFT_PASSES, PARTIAL_BUDGET, TokenSwiftDrafter
+from .tokenswift import DRAFT_PASSES, PARTIAL_BUDGET, PARTIAL_MODES, TokenSwiftDrafter
 from .triforce import GAMMA1, STREAMING_WINDOW, TriForceDrafter
 
 # method -> default budget (max tree nodes incl. root, max depth), measured in BENCHMARKS.md
@@ -29,7 +29,8 @@ NEEDS_DRAFT_MODEL = ("draft", "triforce")
 # tuning options each method takes besides max_nodes and max_depth (positive integers, or
 # one of the listed strings)
 OPTIONS = {
-    "tokenswift": {"draft_pass": DRAFT_PASSES[0], "partial_budget": PARTIAL_BUDGET,
+    "tokenswift": {"draft_pass": DRAFT_PASSES[0], "partial_mode": PARTIAL_MODES[0],
+                   "partial_budget": PARTIAL_BUDGET,
                    "ngram_top_k": TOP_K, "heads_nodes": 39},
     "ngram": {"top_k": TOP_K},
     "selfspec": {"retrieval_budget": RETRIEVAL_BUDGET, "rebuild_every": REBUILD_EVERY},
@@ -42,6 +43,8 @@ def method_names() -> tuple[str, ...]:
     return tuple(BUDGETS)
 
 
+# options that take one of a few names
+CHOICES = {"draft_pass": DRAFT_PASSES, "partial_mode": PARTIAL_MODES}
 # options where 0 is meaningful (no n-gram chains: the ablation of TokenSwift's paper)
 ZERO_OK = ("top_k", "ngram_top_k")
 
@@ -61,9 +64,9 @@ def resolve_options(method: str, options: dict | None) -> tuple[Budget, dict]:
         if key not in known:
             allowed = ", ".join(sorted(known)) or "none"
             raise ValueError(f"method {method!r} takes no option {key!r}; it takes: {allowed}")
-        if key == "draft_pass":
-            if value not in DRAFT_PASSES:
-                raise ValueError(f"option draft_pass must be one of {', '.join(DRAFT_PASSES)}, got {value!r}")
+        if key in CHOICES:
+            if value not in CHOICES[key]:
+                raise ValueError(f"option {key} must be one of {', '.join(CHOICES[key])}, got {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key in ZERO_OK else 1):
             raise ValueError(f"option {key} must be a positive integer, got {value!r}")
         known[key] = value
@@ -99,7 +102,7 @@ def build_drafter(method: str, model, budget: Budget, options: dict, *, sampler,
         return HeadsDrafter(model, heads, sampler)
     if method == "tokenswift":
         return TokenSwiftDrafter(model, heads, sampler, options["draft_pass"], options["partial_budget"],
-                                 options["ngram_top_k"], options["heads_nodes"])
+                                 options["ngram_top_k"], options["heads_nodes"], options["partial_mode"])
     raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(method_names())}")
 
 

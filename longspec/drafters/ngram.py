@@ -25,6 +25,8 @@ class NgramTable:
         self.top: dict[int, list[tuple[int, tuple[int, ...]]]] = {}   # first -> [(-count, rest)]
 
     def add(self, gram: tuple[int, ...]) -> None:
+        if self.top_k == 0:
+            return
         first, rest = gram[0], gram[1:]
         counts = self.counts.setdefault(first, {})
         count = counts.get(rest, 0) + 1

@@ -8,7 +8,9 @@ n-gram chains that start with the depth-1 token are merged into one trie, which 
 verifies with its full cache. The partial cache then takes the accepted tokens' exact keys.
 
 With draft_pass="verify" the heads read the verify forward's hidden state of the last accepted
-node instead (no draft pass; depths 1..3), and the n-gram chains start at the root.
+node instead (no draft pass; depths 1..3), and the n-gram chains start at the root. The paper's
+ablations are options too: draft_pass="full" runs the draft pass over the full cache, and
+partial_mode="static" ranks the partial cache once after the prefill and never again.
 """
 
 from __future__ import annotations
@@ -23,21 +25,21 @@ from .heads import resolve_heads
 from .ngram import NgramDrafter
 from .recycling import template
 
-DRAFT_PASSES = ("partial", "verify")
+DRAFT_PASSES = ("partial", "verify", "full")
+PARTIAL_MODES = ("dynamic", "static")
 PARTIAL_BUDGET = 4096
 HEADS_TOP_K = 3            # candidates per head: tree [1, 3, 3, 3]
 
 
 class TokenSwiftDrafter(Drafter):
     def __init__(self, model, heads, sampler, draft_pass: str, partial_budget: int,
-                 ngram_top_k: int, heads_nodes: int):
-        if draft_pass not in DRAFT_PASSES:
-            raise ValueError(f"draft_pass must be one of {', '.join(DRAFT_PASSES)}, got {draft_pass!r}")
+                 ngram_top_k: int, heads_nodes: int, partial_mode: str = "dynamic"):
         self.net = model.net
         self.heads = resolve_heads(model, heads)
         self.sampler = sampler
         self.device = model.device
         self.draft_pass = draft_pass
+        self.partial_mode = partial_mode
         self.needs_hidden = draft_pass == "verify"
         self.ngram = NgramDrafter(model.device, int(sampler.config.penalty_window), ngram_top_k)
         self.partial = (PartialCache(model.config, partial_budget, model.dtype, model.device)
@@ -64,6 +66,8 @@ class TokenSwiftDrafter(Drafter):
         """Bring the partial cache to the committed sequence but the root, ranking it again
         when the new tokens (and the draft pass's scratch slot) no longer fit."""
         pending = self.full.length - self.partial.covered
+        if self.partial.rankings and self.partial.room() < pending + 1 and self.partial_mode == "static":
+            self.partial.restart_tail()
         if self.partial.rankings == 0 or self.partial.room() < pending + 1:
             queries = self.queries or root_queries(self.net, committed, self.full)
             self.partial.rank(self.full, queries)
@@ -72,12 +76,16 @@ class TokenSwiftDrafter(Drafter):
 
     def draft_pass_candidates(self, committed: list[int]) -> tuple[int, torch.Tensor]:
         """The depth-1 token and head candidates [gamma, k] for depths 2.. from a forward of
-        the root over the partial cache."""
-        self.sync_partial(committed)
+        the root over the partial cache (or the full one: its slot for the root is scratch
+        until the verify pass writes it)."""
+        cache = self.full
+        if self.draft_pass == "partial":
+            self.sync_partial(committed)
+            cache = self.partial
         queries: list[torch.Tensor] = []
         root = len(committed) - 1
         out = self.net(torch.tensor(committed[-1:], device=self.device),
-                       torch.tensor([root], device=self.device), self.partial,
+                       torch.tensor([root], device=self.device), cache,
                        return_hidden=True, queries=queries)
         self.queries = queries
         _, first = self.sampler.chain_choice(out.logits, [])
@@ -87,7 +95,7 @@ class TokenSwiftDrafter(Drafter):
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         self.ngram.sync(committed)
         trie = TrieBuilder(committed[-1], budget.max_nodes, budget.max_depth)
-        if self.draft_pass == "partial":
+        if self.draft_pass != "verify":
             first, cands = self.draft_pass_candidates(committed)
             anchor = trie.child(0, first)
             ngram_first, ngram_parent = first, anchor

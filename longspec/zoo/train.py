@@ -41,7 +41,7 @@ class DemoSpec:
     extra: dict = field(default_factory=dict)
 
 
-TARGET = DemoSpec("target", 256, 8, 8, 2, 704, steps=800, lr=2e-3)
+TARGET = DemoSpec("target", 256, 8, 8, 2, 704, steps=1200, lr=3e-3)
 DRAFT = DemoSpec("draft", 128, 2, 4, 2, 384, steps=600, lr=3e-3)
 VOCAB_SIZE = 8192
 # Positions the demo models accept: far past the training context, so that long

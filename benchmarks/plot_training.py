@@ -1,0 +1,36 @@
+"""Plot the demo models' loss curves from their training.json files.
+
+    python benchmarks/plot_training.py docs/training_loss.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import matplotlib
+
+import longspec
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(out: str) -> None:
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
+    for name in ("demo", "demo-draft"):
+        record = json.loads((longspec.demo_path(name) / "training.json").read_text())
+        log = record["log"]
+        ax.plot([e["step"] for e in log], [e["train_loss"] for e in log], label=f"{name} train")
+        val = [e for e in log if "val_loss" in e]
+        ax.plot([e["step"] for e in val], [e["val_loss"] for e in val], "o--", label=f"{name} held out")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
