@@ -84,14 +84,18 @@ def rope_frequencies(rope: RopeConfig, head_dim: int, max_positions: int,
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [q, head_dim] for integer positions [q], computed in fp32."""
+    """cos and signed sin [q, 1, head_dim] for integer positions [q], computed in fp32.
+
+    Llama checkpoints rotate halves: x' = x * cos + (-x2, x1) * sin. The sign of the first half
+    of sin is folded in here, so that `apply_rope` needs a roll and no negation.
+    """
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+    sin = emb.sin() * scale
+    sin[:, :freqs.shape[1]].neg_()
+    return (emb.cos() * scale).to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [q, heads, head_dim] by position; halves layout (as Llama checkpoints use)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [q, heads, head_dim] by position (halves layout, as Llama checkpoints use)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)

@@ -59,14 +59,13 @@ class Block(nn.Module):
         h = F.rms_norm(x, (c.hidden_size,), self.attn_norm, eps)
         qkv = F.linear(h, self.wqkv, self.bqkv)
         nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        q = qkv[:, :nq].view(q_len, c.num_heads, c.head_dim)
-        k = qkv[:, nq:nq + nkv].view(q_len, c.num_kv_heads, c.head_dim)
+        qk = qkv[:, :nq + nkv].view(q_len, c.num_heads + c.num_kv_heads, c.head_dim)
         v = qkv[:, nq + nkv:].view(q_len, c.num_kv_heads, c.head_dim)
         if self.q_norm is not None:
-            q = F.rms_norm(q, (c.head_dim,), self.q_norm, eps)
-            k = F.rms_norm(k, (c.head_dim,), self.k_norm, eps)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+            qk = torch.cat([F.rms_norm(qk[:, :c.num_heads], (c.head_dim,), self.q_norm, eps),
+                            F.rms_norm(qk[:, c.num_heads:], (c.head_dim,), self.k_norm, eps)], dim=1)
+        qk = apply_rope(qk, cos, sin)            # queries and keys rotated in one go
+        q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
         if queries is not None:
             queries.append(q[-1])
         keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
