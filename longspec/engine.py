@@ -30,6 +30,7 @@ class StepCounters:
     new_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    verify_forward_s: float = 0.0    # time in the verify forwards (CPU only: CUDA is asynchronous)
 
 
 class Engine:
@@ -100,8 +101,10 @@ class Engine:
         tree = self.drafter.propose(self.tokens, self.budget)
         shape = tree.shape
         positions = shape.depth + self.cache.length
+        start = time.perf_counter()
         out = self.net(tree.tokens, positions, self.cache, shape.mask(self.model.dtype),
                        return_hidden=self.drafter.needs_hidden)
+        self.counters.verify_forward_s += time.perf_counter() - start
         processed, target = self.sampler.tree_choices(tree, out.logits)
         if self.sampler.rejection and tree.draft_probs is not None:
             verdict = verify_chain_rejection(tree, processed, self.sampler)
@@ -156,6 +159,7 @@ class Engine:
             "prefill_s": c.prefill_s,
             "decode_s": c.decode_s,
             "tokens_per_s": c.new_tokens / c.decode_s if c.decode_s > 0 else 0.0,
+            "verify_forward_s": c.verify_forward_s if self.device.type == "cpu" else None,
             "peak_memory_bytes": peak_bytes(self.device),
             "method": self.method,
             "device": str(self.device),

@@ -179,8 +179,11 @@ def _row(entry: Entry, gen_len: int, runs: list[dict], status: str) -> dict:
     )
     for key in ("middle_acceptance_rate", "retrieval_rebuilds", "partial_rankings", "verify_forward_s",
                 "decode_s", "prefill_s"):
-        if key in stats:
+        if stats.get(key) is not None:
             row[key] = round(stats[key], 4)
+    if stats.get("verify_forward_s") and stats.get("decode_s"):
+        # drafting and bookkeeping: everything a step does besides the verify forward
+        row["outside_verify_share"] = round(1 - stats["verify_forward_s"] / stats["decode_s"], 3)
     return row
 
 
