@@ -36,8 +36,8 @@ def random_40m(out: str) -> str:
 def ours_ms(model, context: int, steps: int) -> float:
     """ms per decode step of the engine's `ar` path with `context` tokens cached."""
     net = model.net
-    net.set_context(context + steps + 1)
-    cache = StaticCache.for_model(model.config, context + steps + 1, model.dtype, model.device)
+    net.set_context(context + steps + 2)
+    cache = StaticCache.for_model(model.config, context + steps + 2, model.dtype, model.device)
     ids = torch.randint(0, model.config.vocab_size, (context,))
     pos = 0
     while pos < context:                      # chunked prefill

@@ -15,7 +15,7 @@ import torch
 
 from ..memory import ensure_fits
 from .config import ModelConfig, as_ids, read_config
-from .transformer import Transformer
+from .transformer import Transformer, transposed_layout
 
 DEMO_MODELS = {"demo": "target", "demo-draft": "draft"}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -181,9 +181,12 @@ def build_transformer(config: ModelConfig, tensors: dict[str, torch.Tensor],
     top = {"embed": cast(embed), "norm": cast(tensors.get("norm.weight")), "lm_head": cast(head)}
     if top["norm"] is None:
         raise ValueError("checkpoint lacks 'model.norm.weight'")
-    layers = [{k: cast(v) for k, v in _layer_weights(tensors, i, config).items()}
+    transposed = transposed_layout(dtype, device)
+    matrices = ("wqkv", "wo", "w_gate_up", "w_down")
+    layers = [{k: cast(v.t().contiguous() if transposed and k in matrices else v)
+               for k, v in _layer_weights(tensors, i, config).items()}
               for i in range(config.num_layers)]
-    return Transformer(config, top, layers)
+    return Transformer(config, top, layers, transposed)
 
 
 

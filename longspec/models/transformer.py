@@ -32,12 +32,28 @@ def _frozen(t: torch.Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t, requires_grad=False)
 
 
+def transposed_layout(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether layer weights are kept as [in, out]. On a CPU, float32 matrix-vector products
+    read a contiguous [in, out] matrix ~1.45x faster than transformers' [out, in]; bfloat16
+    ones are faster as [out, in] (BENCHMARKS.md)."""
+    return dtype == torch.float32 and device.type == "cpu"
+
+
+def project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, transposed: bool) -> torch.Tensor:
+    """x @ W^T + b, for W kept as [out, in] or (transposed) as [in, out]."""
+    if not transposed:
+        return F.linear(x, w, b)
+    y = x @ w
+    return y if b is None else y + b
+
+
 class Block(nn.Module):
     """One decoder layer: pre-norm attention and SwiGLU MLP, each with a residual."""
 
-    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor]):
+    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor], transposed: bool):
         super().__init__()
         self.config = config
+        self.transposed = transposed
         self.attn_norm = _frozen(w["attn_norm"])
         self.wqkv = _frozen(w["wqkv"])
         self.bqkv = _frozen(w.get("bqkv"))
@@ -56,8 +72,9 @@ class Block(nn.Module):
         c = self.config
         q_len = x.shape[0]
         eps = c.rms_norm_eps
+        t = self.transposed
         h = F.rms_norm(x, (c.hidden_size,), self.attn_norm, eps)
-        qkv = F.linear(h, self.wqkv, self.bqkv)
+        qkv = project(h, self.wqkv, self.bqkv, t)
         nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         qk = qkv[:, :nq + nkv].view(q_len, c.num_heads + c.num_kv_heads, c.head_dim)
         v = qkv[:, nq + nkv:].view(q_len, c.num_kv_heads, c.head_dim)
@@ -70,10 +87,10 @@ class Block(nn.Module):
             queries.append(q[-1])
         keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
         out = grouped_attention(q, keys, values, plan, c.head_dim ** -0.5)
-        x = x + F.linear(out, self.wo, self.bo)
+        x = x + project(out, self.wo, self.bo, t)
         h = F.rms_norm(x, (c.hidden_size,), self.mlp_norm, eps)
-        gate, up = F.linear(h, self.w_gate_up, self.b_gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.w_down, self.b_down)
+        gate, up = project(h, self.w_gate_up, self.b_gate_up, t).chunk(2, dim=-1)
+        return x + project(F.silu(gate) * up, self.w_down, self.b_down, t)
 
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -81,33 +98,47 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     """Attention of q [q_len, heads, d] over keys/values [kv_heads, n, d] -> [q_len, heads * d].
 
     Query head h belongs to key/value head h // group. The queries of a group are stacked into
-    one matrix per key/value head, so one batched matmul per side serves all heads.
+    one matrix per key/value head, so one matmul per side serves the whole group. The keys are
+    a view of the cache's first n slots; float32 batched matmuls read such views in place, but
+    bfloat16 ones copy them, so there each key/value head gets its own (contiguous) matmuls.
     """
     q_len, heads, d = q.shape
     kv_heads = keys.shape[0]
     group = heads // kv_heads
     qg = q.view(q_len, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * q_len, d)
-    scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(scale)       # [kv, group * q, n]
+    if keys.dtype == torch.float32:
+        out = _attend(qg, keys, values, plan, scale, torch.bmm, keys.transpose(1, 2))
+    else:
+        out = torch.stack([_attend(qg[h], keys[h], values[h], plan, scale, torch.mm, keys[h].t())
+                           for h in range(kv_heads)])
+    return out.view(kv_heads, group, q_len, d).permute(2, 0, 1, 3).reshape(q_len, heads * d)
+
+
+def _attend(qg, keys, values, plan: AttentionPlan, scale: float, matmul, keys_t) -> torch.Tensor:
+    """softmax(qg keys^T * scale + mask) values, for one or a batch of key/value heads."""
+    scores = matmul(qg, keys_t).mul_(scale)                          # [..., group * q, n]
     if plan.block_mask is not None:
-        block = scores.view(kv_heads, group, q_len, -1)[..., plan.start:plan.start + q_len]
+        q_len = plan.q
+        block = scores.unflatten(-2, (-1, q_len))[..., plan.start:plan.start + q_len]
         block += plan.block_mask
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-    out = torch.bmm(probs, values)                                    # [kv, group * q, d]
-    return out.view(kv_heads, group, q_len, d).permute(2, 0, 1, 3).reshape(q_len, heads * d)
+    return matmul(probs, values)                                     # [..., group * q, d]
 
 
 class Transformer(nn.Module):
     """forward(tokens, positions, cache, mask) -> logits (+ final hidden states)."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 layers: list[dict[str, torch.Tensor]]):
+                 layers: list[dict[str, torch.Tensor]], transposed: bool = False):
+        """`layers` hold each block's weights as [out, in], or as [in, out] when `transposed`
+        (see `transposed_layout`); the embedding and LM head are always [vocab, hidden]."""
         super().__init__()
         self.config = config
         self.embed = _frozen(weights["embed"])
         self.norm = _frozen(weights["norm"])
         head = weights.get("lm_head")
         self.lm_head = self.embed if head is None else _frozen(head)
-        self.layers = nn.ModuleList(Block(config, w) for w in layers)
+        self.layers = nn.ModuleList(Block(config, w, transposed) for w in layers)
         self.set_context(config.max_positions)
 
     @property
