@@ -53,7 +53,7 @@ def test_ngram_table_top_k_equals_brute_force_counter_with_ties():
 
 def test_ngram_drafter_counts_only_output_that_left_the_window():
     d = NgramDrafter(CPU, window=4, top_k=3)
-    d.prefill([9, 9, 9, 9, 9])
+    d.prefill([9, 9, 9, 9, 9], None)
     d.sync([9] * 5 + [1, 2, 3, 4, 5, 6, 7])
     # 12 tokens, window 4: positions 0..7 have left it, but no output 4-gram lies wholly there
     assert d.table.counts == {}
