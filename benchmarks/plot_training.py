@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import matplotlib
 
 import longspec
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def main(out: str) -> None:
@@ -29,6 +30,7 @@ def main(out: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
 
 
