@@ -16,14 +16,14 @@ from .triforce import GAMMA1, STREAMING_WINDOW, TriForceDrafter
 # method -> default budget (max tree nodes incl. root, max depth), measured in BENCHMARKS.md
 BUDGETS = {
     "ar": Budget(1, 0),
-    "pld": Budget(9, 8),
-    "ngram": Budget(32, 3),
-    "recycling": Budget(80, 6),
+    "pld": Budget(5, 4),
+    "ngram": Budget(7, 3),
+    "recycling": Budget(16, 4),
     "draft": Budget(9, 8),
     "selfspec": Budget(9, 8),
     "triforce": Budget(13, 12),
-    "heads": Budget(16, 3),
-    "tokenswift": Budget(24, 4),
+    "heads": Budget(6, 3),
+    "tokenswift": Budget(12, 4),
 }
 NEEDS_DRAFT_MODEL = ("draft", "triforce")
 # tuning options each method takes besides max_nodes and max_depth (positive integers, or

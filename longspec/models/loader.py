@@ -20,7 +20,9 @@ from .transformer import Transformer, transposed_layout
 DEMO_MODELS = {"demo": "target", "demo-draft": "draft"}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-# Measured on the project's 2-core CPU (BENCHMARKS.md): the fastest dtype for decoding there.
+# float32 on a CPU: the fastest for the bundled models on the project's CPU, and the dtype in
+# which speculation is token-equal to plain decoding (bfloat16 is faster for larger models and
+# can be chosen explicitly; BENCHMARKS.md has the measurements).
 CPU_AUTO_DTYPE = torch.float32
 
 
