@@ -1,4 +1,4 @@
-"""Plot the demo models' loss curves from their training.json files.
+"""Plot the demo models' and the bundled heads' loss curves from their training records.
 
     python benchmarks/plot_training.py docs/training_loss.png
 """
@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 
 
 def main(out: str) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
+    fig, (ax, heads_ax) = plt.subplots(1, 2, figsize=(10, 3.5), dpi=80)
     for name in ("demo", "demo-draft"):
         record = json.loads((longspec.demo_path(name) / "training.json").read_text())
         log = record["log"]
@@ -29,6 +29,12 @@ def main(out: str) -> None:
     ax.set_ylabel("cross-entropy (nats)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    heads = json.loads((longspec.demo_path("demo").parent / "heads" / "heads.json").read_text())
+    heads_ax.plot(heads["loss_curve"], label=f"demo heads ({heads['training']['target']})")
+    heads_ax.set_xlabel("step")
+    heads_ax.set_ylabel("sum of 3 heads' losses (nats)")
+    heads_ax.grid(alpha=0.3)
+    heads_ax.legend(fontsize=8)
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
