@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 from longspec.bench.metrics import decode_bytes, distinct_n, roofline_ms
+from longspec.bench.runner import parse_entry
 from longspec.cli import main
 
 
@@ -40,3 +43,13 @@ def test_bench_writes_results_table_and_plots(tmp_path, capsys):
     for name in ("speedup.png", "acceptance.png", "tokens_per_s.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     assert report["roofline"][0]["roofline_seconds"] > 0
+
+
+def test_entry_options_and_verify_mode():
+    entry = parse_entry("draft[max_nodes=5,verify=rejection]", {})
+    assert entry.method == "draft" and entry.verify == "rejection" and entry.options == {"max_nodes": 5}
+    assert parse_entry("tokenswift[ngram_top_k=0]", {}).verify == "match"
+    with pytest.raises(ValueError, match="verify must be"):
+        parse_entry("draft[verify=maybe]", {})
+    with pytest.raises(ValueError, match="takes no options"):
+        parse_entry("hf[verify=rejection]", {})

@@ -2,7 +2,8 @@
 interleaved run by run after a warm-up, with transformers' `generate` as the peers.
 
 A method is named as on the command line, optionally with options for this entry alone:
-`tokenswift[ngram_top_k=0]` runs tokenswift without n-gram chains beside plain `tokenswift`.
+`tokenswift[ngram_top_k=0]` runs tokenswift without n-gram chains beside plain `tokenswift`;
+`draft[verify=rejection]` verifies by rejection sampling instead of matching.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from ..api import generate
+from ..api import VERIFY_MODES, generate
 from ..drafters import NEEDS_DRAFT_MODEL, method_names, option_names, resolve_options
 from ..sampling import SamplingConfig
 from .metrics import PeakMemory, distinct_n
@@ -30,6 +31,7 @@ class Entry:
     label: str               # as given, e.g. "tokenswift[ngram_top_k=0]"
     method: str              # our method name or a peer
     options: dict = field(default_factory=dict)
+    verify: str = "match"    # "rejection" for methods that carry their draft distribution
 
 
 def parse_entry(spec: str, shared: dict) -> Entry:
@@ -50,9 +52,12 @@ def parse_entry(spec: str, shared: dict) -> Entry:
         options[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
     if options and name in PEERS:
         raise ValueError(f"{name} takes no options")
+    verify = options.pop("verify", "match")
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
     if name in method_names():
         resolve_options(name, options)
-    return Entry(spec.strip(), name, options)
+    return Entry(spec.strip(), name, options, verify)
 
 
 class Peers:
@@ -121,7 +126,7 @@ def _one(model, entry: Entry, spec: RunSpec, gen_len: int, draft_model, heads, p
         else:
             res = generate(model, spec.prompt, gen_len, method=entry.method, sampling=spec.sampling,
                            seed=spec.seed, draft_model=draft_model, heads=heads, ignore_eos=True,
-                           options=entry.options)
+                           verify=entry.verify, options=entry.options)
             tokens, stats = res.token_ids, res.stats
         if device.type == "cuda":
             torch.cuda.synchronize(device)
