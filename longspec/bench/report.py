@@ -53,18 +53,19 @@ def plot(report: dict, out: Path) -> list[Path]:
               ("tokens_per_s", "tokens / s", "tokens_per_s.png")]
     methods = list(dict.fromkeys(r["method"] for r in report["results"]))
     for key, label, name in panels:
-        fig, ax = plt.subplots(figsize=(6, 4), dpi=80)
-        for m in methods:
+        fig, ax = plt.subplots(figsize=(8, 4), dpi=80)
+        for i, m in enumerate(methods):
             pts = [(r["gen_len"], r[key]) for r in report["results"]
                    if r["method"] == m and r.get(key) is not None]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o", label=m)
+                # ten colours, then the same colours dashed, then dotted
+                ax.plot(xs, ys, marker="o", label=m, linestyle=("-", "--", ":")[i // 10 % 3])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("new tokens")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.set_title(f"{report['model']} ({report['device']}, {report['dtype']})", fontsize=9)
         fig.tight_layout()
         path = out / name
