@@ -3,7 +3,8 @@
 Milliseconds per new token with the cache already holding `context` tokens, and the memory
 bandwidth roofline for the same bytes (weights + KV read per token / measured bandwidth).
 
-    python benchmarks/ar_latency.py --model demo --contexts 2048,8192,32768 --dtypes float32,bfloat16
+    python benchmarks/ar_latency.py --model demo --contexts 2048,8192,32768 \\
+        --dtypes float32,bfloat16
     python benchmarks/ar_latency.py --model random-40m --contexts 2048,8192,32768
 """
 
@@ -19,7 +20,8 @@ import torch
 import longspec
 from longspec.bench.main import weight_bytes
 from longspec.bench.metrics import measure_bandwidth, roofline_ms
-from longspec.cache import StaticCache, causal_mask
+from longspec.cache import StaticCache
+from longspec.models.prefill import prefill
 
 
 def random_40m(out: str) -> str:
@@ -27,8 +29,9 @@ def random_40m(out: str) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=16384, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=65536)
+    cfg = LlamaConfig(vocab_size=16384, hidden_size=512, intermediate_size=1536,
+                      num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+                      max_position_embeddings=65536)
     LlamaForCausalLM(cfg).save_pretrained(out)
     return out
 
@@ -37,15 +40,8 @@ def prefilled_cache(model, context: int, room: int) -> StaticCache:
     """A cache holding `context` random tokens, with `room` free slots after them."""
     net = model.net
     net.set_context(context + room)
-    cache = StaticCache.for_model(model.config, context + room, model.dtype, model.device)
-    ids = torch.randint(0, model.config.vocab_size, (context,))
-    pos = 0
-    while pos < context:                      # chunked prefill
-        q = min(net.prefill_chunk(pos + 512), context - pos)
-        net(ids[pos:pos + q], torch.arange(pos, pos + q), cache, causal_mask(q, model.dtype, model.device),
-            need_logits=False)
-        cache.commit(q)
-        pos += q
+    cache = StaticCache(model.config, context + room, model.dtype, model.device)
+    prefill(net, torch.randint(0, model.config.vocab_size, (context,)), cache, 0)
     return cache
 
 
@@ -76,8 +72,8 @@ def hf_ms(path: str, dtype: torch.dtype, context: int, steps: int) -> float:
     def timed(n: int) -> float:
         start = time.perf_counter()
         with torch.no_grad():
-            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                        do_sample=False, pad_token_id=0)
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                        min_new_tokens=n, do_sample=False, pad_token_id=0)
         return time.perf_counter() - start
 
     timed(2)
@@ -103,9 +99,9 @@ def main() -> None:
             ours = ours_ms(model, context, args.steps)
             hf = None if args.no_hf else hf_ms(path, model.dtype, context, args.steps)
             roof = roofline_ms(weight_bytes(model), kv, context, bandwidth)
-            row = {"model": args.model, "dtype": dtype_name, "context": context, "ar_ms": round(ours, 2),
-                   "hf_ms": round(hf, 2) if hf else None, "roofline_ms": round(roof, 2),
-                   "ar_over_roofline": round(ours / roof, 2),
+            row = {"model": args.model, "dtype": dtype_name, "context": context,
+                   "ar_ms": round(ours, 2), "hf_ms": round(hf, 2) if hf else None,
+                   "roofline_ms": round(roof, 2), "ar_over_roofline": round(ours / roof, 2),
                    "hf_over_ar": round(hf / ours, 2) if hf else None}
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -24,7 +24,8 @@ def main(out: str) -> None:
         log = record["log"]
         ax.plot([e["step"] for e in log], [e["train_loss"] for e in log], label=f"{name} train")
         val = [e for e in log if "val_loss" in e]
-        ax.plot([e["step"] for e in val], [e["val_loss"] for e in val], "o--", label=f"{name} held out")
+        ax.plot([e["step"] for e in val], [e["val_loss"] for e in val], "o--",
+                label=f"{name} held out")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats)")
     ax.grid(alpha=0.3)

@@ -43,14 +43,16 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args()
-    path = str(longspec.demo_path(args.model)) if args.model in ("demo", "demo-draft") else args.model
+    path = (str(longspec.demo_path(args.model)) if args.model in ("demo", "demo-draft")
+            else args.model)
     model = longspec.load_model(path, dtype=args.dtype, device="cpu")
     nodes = [int(n) for n in args.nodes.split(",")]
     for context in (int(c) for c in args.contexts.split(",")):
         cache = prefilled_cache(model, context, max(nodes))
         ms = {q: forward_ms(model, cache, q, args.reps) for q in nodes}
         print(json.dumps({"context": context, "ms": {q: round(v, 2) for q, v in ms.items()},
-                          "vs_one": {q: round(v / ms[nodes[0]], 2) for q, v in ms.items()}}), flush=True)
+                          "vs_one": {q: round(v / ms[nodes[0]], 2) for q, v in ms.items()}}),
+              flush=True)
     print(f"dtype {args.dtype}, threads {torch.get_num_threads()}")
 
 

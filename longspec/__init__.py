@@ -1,11 +1,12 @@
 """longspec: lossless speculative decoding for long generation."""
 
-from .api import Chunk, GenerationResult, Stream, generate, stream
-from .drafters import method_names
+from .api import Chunk, GenerationResult, Request, Stream, generate, stream
+from .drafters import METHODS, MethodSpec, method_names
 from .models import Model, demo_path, load_model
 from .sampling import SamplingConfig
 
 __version__ = "0.1.0"
 
-__all__ = ["Chunk", "GenerationResult", "Model", "SamplingConfig", "Stream", "demo_path",
-           "generate", "load_model", "method_names", "stream"]
+__all__ = ["METHODS", "Chunk", "GenerationResult", "MethodSpec", "Model", "Request",
+           "SamplingConfig", "Stream", "demo_path", "generate", "load_model", "method_names",
+           "stream"]

@@ -5,10 +5,11 @@ Every argument is checked before any work, and a bad one raises ValueError namin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from .drafters import build_drafter, method_names, resolve_options
+from .drafters import DraftSetup, check_arguments, get_method
 from .engine import Engine
 from .models.loader import Model
 from .progress import ProgressBar
@@ -16,8 +17,6 @@ from .sampler import Sampler
 from .sampling import SamplingConfig
 from .stopping import StopRules
 from .text import Detokenizer
-
-VERIFY_MODES = ("match", "rejection")
 
 
 @dataclass
@@ -31,6 +30,23 @@ class GenerationResult:
 class Chunk:
     token_ids: list[int]   # tokens committed by one step
     text: str              # the text they add ('' while a character is incomplete)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation's settings, as `generate` and `stream` take them."""
+
+    prompt: Any                               # a string or token ids
+    max_new_tokens: int = 256
+    method: str = "ar"
+    sampling: SamplingConfig | None = None    # None: SamplingConfig() (temperature 1)
+    seed: int = 0
+    draft_model: Model | None = None
+    heads: Any = None                         # a directory, loaded heads, or None (bundled)
+    stop: Any = None                          # stop strings and token ids
+    ignore_eos: bool = False
+    verify: str = "match"
+    options: Mapping | None = field(default=None)
 
 
 def encode_prompt(model: Model, prompt) -> list[int]:
@@ -65,40 +81,39 @@ def _stop_rules(model: Model, stop, ignore_eos: bool) -> StopRules:
         elif isinstance(s, int) and not isinstance(s, bool) and 0 <= s < model.config.vocab_size:
             ids.add(s)
         else:
-            raise ValueError(f"stop entries must be non-empty strings or token ids in the vocabulary, got {s!r}")
+            raise ValueError("stop entries must be non-empty strings or token ids in the "
+                             f"vocabulary, got {s!r}")
     eos = set() if ignore_eos else set(model.eos_token_ids)
     return StopRules(eos, ids, strings, model.tokenizer)
 
 
-def prepare(model: Model, prompt, max_new_tokens: int, method: str, sampling: SamplingConfig | None,
-            seed: int, draft_model: Model | None, heads, stop, ignore_eos: bool,
-            verify: str, options: dict | None) -> tuple[Engine, list[int]]:
+def prepare(model: Model, request: Request) -> tuple[Engine, list[int]]:
     """Check every argument, then build the engine; nothing runs yet."""
+    r = request
     if not isinstance(model, Model):
         raise ValueError("model must come from longspec.load_model")
-    if method not in method_names():
-        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(method_names())}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    if verify not in VERIFY_MODES:
-        raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
-    sampling = (sampling or SamplingConfig()).validate()
-    prompt_ids = encode_prompt(model, prompt)
+    spec = get_method(r.method)
+    check_arguments(spec, draft_model=r.draft_model is not None, heads=r.heads is not None,
+                    verify=r.verify)
+    n = r.max_new_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {n!r}")
+    if isinstance(r.seed, bool) or not isinstance(r.seed, int) or r.seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {r.seed!r}")
+    sampling = (r.sampling or SamplingConfig()).validate()
+    prompt_ids = encode_prompt(model, r.prompt)
     limit = model.config.context_limit
-    if len(prompt_ids) + max_new_tokens > limit:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
+    if len(prompt_ids) + n > limit:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({n}) "
                          f"exceeds the model's context of {limit} positions; lower max_new_tokens")
-    rules = _stop_rules(model, stop, ignore_eos)
-    budget, method_options = resolve_options(method, options)
-    sampler = Sampler(sampling, seed, model.config.vocab_size, model.device,
-                      rejection=verify == "rejection")
-    context = len(prompt_ids) + max_new_tokens
-    capacity = context + budget.max_nodes + 1
-    drafter = build_drafter(method, model, budget, method_options, sampler=sampler,
-                            draft_model=draft_model, heads=heads, capacity=capacity, context=context)
-    engine = Engine(model, drafter, sampler, budget, max_new_tokens, rules, method)
+    rules = _stop_rules(model, r.stop, r.ignore_eos)
+    budget, options = spec.resolve(r.options)
+    sampler = Sampler(sampling, r.seed, model.config.vocab_size, model.device,
+                      rejection=r.verify == "rejection")
+    context = len(prompt_ids) + n
+    drafter = spec.build(DraftSetup(model, budget, options, sampler, r.draft_model, r.heads,
+                                    capacity=context + budget.max_nodes + 1, context=context))
+    engine = Engine(model, drafter, sampler, budget, n, rules, r.method)
     engine.check_memory(len(prompt_ids))
     return engine, prompt_ids
 
@@ -129,7 +144,7 @@ class Stream:
         try:
             for new in self.engine.run(self.prompt_ids):
                 token_ids.extend(new)
-                bar.update(len(new), self.engine.counters)
+                bar.update(len(new), self.engine.stats)
                 yield Chunk(new, detok.push(new) if detok else "")
             if detok:
                 tail = detok.flush()
@@ -138,31 +153,33 @@ class Stream:
         finally:
             bar.close()
             text = tok.decode(token_ids) if tok is not None else ""
-            self.result = GenerationResult(token_ids, text, self.engine.stats())
+            self.result = GenerationResult(token_ids, text, self.engine.result_stats())
 
 
-def stream(model: Model, prompt, max_new_tokens: int = 256, method: str = "ar",
-           sampling: SamplingConfig | None = None, seed: int = 0, draft_model: Model | None = None,
-           heads=None, stop=None, ignore_eos: bool = False, verify: str = "match",
-           progress: bool = False, options: dict | None = None) -> Stream:
+def stream(model: Model, prompt, *, progress: bool = False, **settings) -> Stream:
     """Like `generate`, but returns a `Stream` yielding new tokens as they are committed."""
-    engine, prompt_ids = prepare(model, prompt, max_new_tokens, method, sampling, seed,
-                                 draft_model, heads, stop, ignore_eos, verify, options)
+    engine, prompt_ids = prepare(model, _request(prompt, settings))
     return Stream(model, engine, prompt_ids, progress)
 
 
-def generate(model: Model, prompt, max_new_tokens: int = 256, method: str = "ar",
-             sampling: SamplingConfig | None = None, seed: int = 0, draft_model: Model | None = None,
-             heads=None, stop=None, ignore_eos: bool = False, verify: str = "match",
-             progress: bool = False, options: dict | None = None) -> GenerationResult:
+def generate(model: Model, prompt, *, progress: bool = False, **settings) -> GenerationResult:
     """Generate up to `max_new_tokens` after `prompt` (a string or token ids).
 
-    Every method returns exactly the tokens `ar` returns for the same seed and settings
-    (verify="match"); verify="rejection" keeps the distribution instead. `options` tunes the
-    method (max_nodes, max_depth and method-specific sizes; see README).
+    Keyword settings, as `Request` names them: max_new_tokens, method, sampling, seed,
+    draft_model, heads, stop, ignore_eos, verify, options. Every method returns exactly the
+    tokens `ar` returns for the same seed and settings (verify="match"); verify="rejection"
+    keeps the distribution instead. `options` tunes the method (max_nodes, max_depth and
+    method-specific sizes; see README).
     """
-    s = stream(model, prompt, max_new_tokens, method, sampling, seed, draft_model, heads, stop,
-               ignore_eos, verify, progress, options)
+    s = stream(model, prompt, progress=progress, **settings)
     for _ in s:
         pass
     return s.result
+
+
+def _request(prompt, settings: dict) -> Request:
+    unknown = sorted(set(settings) - set(Request.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; settings are: "
+                        f"{', '.join(f for f in Request.__dataclass_fields__ if f != 'prompt')}")
+    return Request(prompt, **settings)

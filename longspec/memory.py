@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-import resource
+import threading
 
 import torch
+from typing_extensions import Self
 
 
 def available_bytes(device: torch.device) -> int:
@@ -22,14 +23,6 @@ def available_bytes(device: torch.device) -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_bytes(device: torch.device) -> int:
-    """Peak memory: CUDA's peak allocation since the last reset, or the process's peak
-    resident set size on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def format_bytes(n: float) -> str:
@@ -49,3 +42,41 @@ def ensure_fits(need: int, device: torch.device, what: str, fix: str) -> None:
     if need > 0.9 * free:
         raise ValueError(f"{what} needs {format_bytes(need)} but {format_bytes(free)} is free on "
                          f"{device}; {fix}")
+
+
+class PeakMemory:
+    """Peak memory during a block (one generation): on CUDA the peak allocation since the
+    block began; on the CPU the process's resident set, sampled every 5 ms, which includes the
+    loaded models and everything else the process holds."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self._rss())
+
+    def __enter__(self) -> Self:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.peak = self._rss()
+            self._thread = threading.Thread(target=self._watch, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            self.peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak, self._rss())

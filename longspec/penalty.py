@@ -66,7 +66,8 @@ class PenaltyWindow:
             return (self.counts > 0)[None]
         counts = self.counts.clone()
         counts.index_add_(0, torch.tensor(path[-self.window:], device=self.device),
-                          torch.ones(min(len(path), self.window), dtype=torch.int32, device=self.device))
+                          torch.ones(min(len(path), self.window), dtype=torch.int32,
+                                     device=self.device))
         length = len(self.tokens)
         start = max(0, length - self.window)
         keep_from = min(max(0, length + len(path) - self.window), length)

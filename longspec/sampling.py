@@ -41,7 +41,8 @@ class SamplingConfig:
         """Raise ValueError naming the first setting out of range; return self."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value)):
                 raise ValueError(f"sampling {f.name} must be a finite number, got {value!r}")
         checks = [
             ("temperature", self.temperature >= 0, ">= 0 (0 is greedy)"),
@@ -110,7 +111,8 @@ def _outside_nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
     top, order = torch.topk(probs, k, dim=-1)
     mass_before = torch.cumsum(top, dim=-1) - top
     # the shortcut needs a host check, which costs nothing on a CPU and a sync on a GPU
-    if k == x.shape[-1] or (x.device.type == "cpu" and bool((mass_before[:, -1] + top[:, -1] >= top_p).all())):
+    if k == x.shape[-1] or (x.device.type == "cpu"
+                            and bool((mass_before[:, -1] + top[:, -1] >= top_p).all())):
         outside = torch.ones_like(x, dtype=torch.bool)
         return outside.scatter_(-1, order, mass_before >= top_p)
     if x.device.type == "cpu":

@@ -1,4 +1,5 @@
-"""Incremental detokenization for streaming: each call decodes only a short recent window.
+"""Text in and out: reading text files, and incremental detokenization for streaming, where
+each call decodes only a short recent window.
 
 Byte-level tokens may end inside a UTF-8 character; text is released once it no longer ends in
 a replacement character, so a stream never shows half a character. The tokens released last
@@ -6,6 +7,19 @@ stay as context for the next decode, so that spacing between words comes out rig
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a file; a ValueError naming `what` when it is missing or not text."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{what} {str(path)!r} not found")
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {str(path)!r} is not UTF-8 text") from None
 
 
 class Detokenizer:

@@ -1,11 +1,16 @@
 """Draft trees: tokens in a trie rooted at the last committed token.
 
 A `TreeShape` is the structure alone (parents, depths and the buffers derived from them: the
-ancestor mask, root-to-node paths). Static templates build their shape once and only swap tokens.
-Nodes are numbered so that a parent always comes before its children; node 0 is the root.
+ancestor mask, root-to-node paths). Chains share one memoised shape per length; static
+templates (`TreeTemplate`) build their shape once and only swap tokens; drafters that merge
+sources build a trie (`TrieBuilder`). Nodes are numbered so that a parent always comes before
+its children; node 0 is the root.
 """
 
 from __future__ import annotations
+
+import functools
+import heapq
 
 import torch
 
@@ -55,17 +60,20 @@ class TreeShape:
             self._masks[dtype] = m.masked_fill_(~self.ancestors, float("-inf"))
         return self._masks[dtype]
 
-    @classmethod
-    def chain(cls, length: int, device: torch.device) -> TreeShape:
-        """Root followed by a chain of `length` nodes."""
-        return cls([-1] + list(range(length)), device)
+    @staticmethod
+    @functools.cache
+    def chain(length: int, device: torch.device) -> TreeShape:
+        """The root followed by a chain of `length` nodes (the root alone for 0), built once
+        per length and device."""
+        return TreeShape([-1] + list(range(length)), device)
 
 
 class DraftTree:
     """A tree shape with tokens on its nodes (tokens[0] is the root). A chain drafted by
     sampling may carry `draft_probs` [n - 1, vocab], the distribution each draft came from."""
 
-    def __init__(self, shape: TreeShape, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None):
+    def __init__(self, shape: TreeShape, tokens: torch.Tensor,
+                 draft_probs: torch.Tensor | None = None):
         if tokens.shape != (shape.n,):
             raise ValueError(f"{tokens.shape[0]} tokens for a tree of {shape.n} nodes")
         self.shape = shape
@@ -75,6 +83,13 @@ class DraftTree:
     @property
     def n(self) -> int:
         return self.shape.n
+
+    @classmethod
+    def chain(cls, tokens: list[int], device: torch.device,
+              draft_probs: torch.Tensor | None = None) -> DraftTree:
+        """The root tokens[0] followed by the drafts tokens[1:]."""
+        shape = TreeShape.chain(len(tokens) - 1, device)
+        return cls(shape, torch.tensor(tokens, device=device), draft_probs)
 
 
 class TrieBuilder:
@@ -125,3 +140,76 @@ class TrieBuilder:
     def build(self, device: torch.device) -> DraftTree:
         shape = TreeShape(self.parents, device)
         return DraftTree(shape, torch.tensor(self.tokens, device=device))
+
+
+# Assumed chance that the candidate of rank r is the target's next token: a best-first tree
+# under these weights gives higher-ranked nodes more children, as in Token Recycling's template.
+RANK_WEIGHTS = (0.45, 0.15, 0.08, 0.05, 0.035, 0.025, 0.02, 0.015)
+
+
+def template(max_nodes: int, max_depth: int, width: int = len(RANK_WEIGHTS)
+             ) -> tuple[list[int], list[int]]:
+    """Static tree (parents, ranks) of at most max_nodes nodes (root included), max_depth
+    levels and `width` children a node, in BFS order: the max_nodes - 1 paths of highest
+    product of RANK_WEIGHTS."""
+    chosen = [(-1, -1, 0)]          # (parent, rank, depth) in the order picked
+    heap = [(-RANK_WEIGHTS[0], 0, 0, 0)]   # (-score, tie, parent, rank)
+    tie = 1
+    while heap and len(chosen) < max_nodes:
+        neg, _, parent, rank = heapq.heappop(heap)
+        depth = chosen[parent][2] + 1
+        node = len(chosen)
+        chosen.append((parent, rank, depth))
+        if rank + 1 < width:        # the next sibling
+            sibling = -neg / RANK_WEIGHTS[rank] * RANK_WEIGHTS[rank + 1]
+            heapq.heappush(heap, (-sibling, tie, parent, rank + 1))
+            tie += 1
+        if depth < max_depth:       # the first child
+            heapq.heappush(heap, (neg * RANK_WEIGHTS[0], tie, node, 0))
+            tie += 1
+    children: dict[int, list[tuple[int, int]]] = {}
+    for node, (parent, rank, _) in enumerate(chosen[1:], start=1):
+        children.setdefault(parent, []).append((rank, node))
+    order = [0]
+    for node in order:                      # breadth-first, siblings by rank
+        order.extend(child for _, child in sorted(children.get(node, ())))
+    new = {old: k for k, old in enumerate(order)}
+    parents = [-1] + [new[chosen[i][0]] for i in order[1:]]
+    ranks = [chosen[i][1] for i in order]
+    return parents, ranks
+
+
+class TreeTemplate:
+    """A static tree of ranked candidates: each node is the rank-r candidate below its parent.
+    Filling it is one gather per level, with no host work."""
+
+    def __init__(self, max_nodes: int, max_depth: int, device: torch.device,
+                 width: int = len(RANK_WEIGHTS)):
+        parents, ranks = template(max_nodes, max_depth, width)
+        self.shape = TreeShape(parents, device)
+        self.parents = parents
+        self.ranks = ranks
+        depths = self.shape.depths
+        self.levels = []        # per depth 1..: (nodes, their parents, their ranks)
+        for d in range(1, self.shape.max_depth + 1):
+            nodes = [i for i in range(len(parents)) if depths[i] == d]
+            self.levels.append((torch.tensor(nodes, device=device),
+                                torch.tensor([parents[i] for i in nodes], device=device),
+                                torch.tensor([ranks[i] for i in nodes], device=device)))
+
+    def fill_by_token(self, root: int, successors: torch.Tensor) -> torch.Tensor:
+        """Tokens [n]: a node's children are its token's ranked successors [vocab, width]."""
+        tokens = torch.empty(self.shape.n, dtype=torch.long, device=successors.device)
+        tokens[0] = root
+        for nodes, parents, ranks in self.levels:
+            tokens[nodes] = successors[tokens[parents], ranks]
+        return tokens
+
+    def fill_by_depth(self, root: int, candidates: torch.Tensor) -> torch.Tensor:
+        """Tokens [n]: every node at depth d is a candidate [depth, width] of that depth (for
+        drafters, like multi-token heads, whose guesses do not depend on the path)."""
+        tokens = torch.empty(self.shape.n, dtype=torch.long, device=candidates.device)
+        tokens[0] = root
+        for level, (nodes, _, ranks) in enumerate(self.levels):
+            tokens[nodes] = candidates[level, ranks]
+        return tokens

@@ -1,10 +1,18 @@
-"""Tree verification: which draft nodes the target accepts, and the bonus token.
+"""Verification: which draft nodes the target accepts, and the bonus token.
 
-`target_tokens[i]` is the token the target chooses after node i (argmax of its processed logits,
-plus the position's Gumbel noise when sampling). A node is accepted when its token equals its
-parent's target token and its parent is accepted. The deepest accepted node ends the chain, and
-its target token is the bonus. In a trie at most one child of a node can match, so the chain is
-unique, and the output equals what plain decoding would write.
+Glossary (the papers' names):
+- draft tree: the root (the last committed token, whose keys are not cached yet) and the draft
+  tokens below it; one target forward gives logits after every node.
+- target token of node i: the token the target chooses after node i (the argmax of its
+  processed logits, plus the position's Gumbel noise when sampling).
+- accepted: the nodes whose token equals their parent's target token and whose parent is
+  accepted (the root always is). In a trie at most one child of a node can match, so the
+  accepted nodes form one path; `accept_length` counts its draft tokens.
+- bonus token: the target token of the deepest accepted node, which plain decoding would have
+  written next; every step commits accept_length + 1 tokens.
+
+Matching gives exactly the tokens plain decoding gives. `verify="rejection"` instead applies
+Leviathan et al.'s rule to chains that carry their draft distributions.
 """
 
 from __future__ import annotations
@@ -13,18 +21,32 @@ from dataclasses import dataclass
 
 import torch
 
+from .models.transformer import ForwardOutput
 from .tree import DraftTree
 
 
 @dataclass(frozen=True)
 class Verdict:
-    accepted: list[int]   # node indices of the accepted chain, root first
+    accepted: list[int]   # node indices of the accepted path, root first [accept_length + 1]
     tokens: list[int]     # new tokens: the accepted draft tokens, then the bonus token
 
     @property
     def accept_length(self) -> int:
         """Accepted draft tokens (the bonus not counted)."""
         return len(self.accepted) - 1
+
+    @property
+    def bonus_token(self) -> int:
+        return self.tokens[-1]
+
+
+@dataclass
+class TargetOutput:
+    """What the verify forward produced for each tree node."""
+
+    forward: ForwardOutput          # raw logits [n, vocab] (+ hidden states when asked for)
+    processed: torch.Tensor         # processed logits [n, vocab] (penalty, temperature, ...)
+    target_tokens: torch.Tensor     # [n] the target's choice after each node
 
 
 def accepted_nodes(tree: DraftTree, target_tokens: torch.Tensor) -> torch.Tensor:
@@ -36,7 +58,7 @@ def accepted_nodes(tree: DraftTree, target_tokens: torch.Tensor) -> torch.Tensor
 
 
 def verify_tree(tree: DraftTree, target_tokens: torch.Tensor) -> Verdict:
-    """Accepted chain and bonus token, with one host transfer."""
+    """Accepted path and bonus token, with one host transfer."""
     shape = tree.shape
     if shape.n == 1:
         return Verdict([0], [int(target_tokens[0])])
@@ -51,8 +73,8 @@ def verify_tree(tree: DraftTree, target_tokens: torch.Tensor) -> Verdict:
     return Verdict(nodes[:length], tokens[1:length] + [bonus])
 
 
-def speculative_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor, drafts: torch.Tensor,
-                       sampler) -> tuple[torch.Tensor, torch.Tensor]:
+def speculative_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                       drafts: torch.Tensor, sampler) -> tuple[torch.Tensor, torch.Tensor]:
     """Leviathan et al.'s rule for a chain of m drafts (device tensors, no host sync).
 
     target_probs [m + 1, vocab] (after the root and after each draft), draft_probs [m, vocab]
@@ -80,3 +102,11 @@ def verify_chain_rejection(tree: DraftTree, processed: torch.Tensor, sampler) ->
     host = torch.cat([accepted.view(1), token.view(1), tree.tokens]).tolist()  # one host sync
     k, bonus, tokens = host[0], host[1], host[2:]
     return Verdict(list(range(k + 1)), tokens[1:k + 1] + [bonus])
+
+
+def verify(tree: DraftTree, target: TargetOutput, sampler) -> Verdict:
+    """The verdict on `tree`: rejection sampling for a sampled chain in rejection mode,
+    matching against the target's choices otherwise."""
+    if sampler.rejection and tree.draft_probs is not None:
+        return verify_chain_rejection(tree, target.processed, sampler)
+    return verify_tree(tree, target.target_tokens)

@@ -26,9 +26,10 @@ ROPES = {
 }
 
 
-def make_checkpoint(out: Path, family: str = "llama", rope: str = "default", *, legacy: bool = False,
-                    tied: bool = False, kv_heads: int = 2, heads: int = 4, vocab: int = 300,
-                    max_positions: int = 128, shard_bytes: int | None = None, seed: int = 0):
+def make_checkpoint(out: Path, family: str = "llama", rope: str = "default", *,
+                    legacy: bool = False, tied: bool = False, kv_heads: int = 2, heads: int = 4,
+                    vocab: int = 300, max_positions: int = 128, shard_bytes: int | None = None,
+                    seed: int = 0):
     """Save a random tiny model of `family` to `out`; return the transformers model (fp32, eval).
 
     `legacy` rewrites config.json in the old layout (rope_theta + rope_scaling with 'type').
@@ -41,7 +42,8 @@ def make_checkpoint(out: Path, family: str = "llama", rope: str = "default", *, 
         max_positions = 128
     config = getattr(transformers, config_cls)(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=tied, rope_parameters=params, initializer_range=0.2,
         bos_token_id=1, eos_token_id=2, **extra)
     torch.manual_seed(seed)

@@ -25,8 +25,8 @@ def test_roofline_arithmetic():
 
 def test_bench_writes_results_table_and_plots(tmp_path, capsys):
     code = main(["bench", "demo", "--methods", "ar,pld,recycling[max_nodes=8],hf,hf-assisted",
-                 "--gen-lens", "8,16", "--prompt-len", "64", "--out", str(tmp_path), "--no-progress",
-                 "--temperature", "0", "--dtype", "float32"])
+                 "--gen-lens", "8,16", "--prompt-len", "64", "--out", str(tmp_path),
+                 "--no-progress", "--temperature", "0", "--dtype", "float32"])
     assert code == 0
     report = json.loads((tmp_path / "results.json").read_text())
     rows = report["results"]
@@ -47,7 +47,8 @@ def test_bench_writes_results_table_and_plots(tmp_path, capsys):
 
 def test_entry_options_and_verify_mode():
     entry = parse_entry("draft[max_nodes=5,verify=rejection]", {})
-    assert entry.method == "draft" and entry.verify == "rejection" and entry.options == {"max_nodes": 5}
+    assert (entry.method == "draft" and entry.verify == "rejection"
+            and entry.options == {"max_nodes": 5})
     assert parse_entry("tokenswift[ngram_top_k=0]", {}).verify == "match"
     with pytest.raises(ValueError, match="verify must be"):
         parse_entry("draft[verify=maybe]", {})

@@ -21,14 +21,14 @@ def model(tmp_path_factory):
 
 
 def full_forward(model, ids):
-    cache = StaticCache.for_model(model.config, len(ids), F32, "cpu")
+    cache = StaticCache(model.config, len(ids), F32, "cpu")
     return model.net(ids, torch.arange(len(ids)), cache, causal_mask(len(ids), F32, "cpu")).logits
 
 
 def test_chunked_prefill_then_decode_equals_one_full_forward(model):
     ids = torch.randint(0, 300, (50,), generator=torch.Generator().manual_seed(0))
     ref = full_forward(model, ids)
-    cache = StaticCache.for_model(model.config, 64, F32, "cpu")
+    cache = StaticCache(model.config, 64, F32, "cpu")
     logits = []
     for lo, hi in [(0, 17), (17, 40)]:
         out = model.net(ids[lo:hi], torch.arange(lo, hi), cache, causal_mask(hi - lo, F32, "cpu"))
@@ -47,7 +47,7 @@ def test_tree_step_then_keep_then_decode_equals_sequential_decode(model):
     chain = [0, 2, 4]
     tokens = torch.tensor([7, 11, 13, 17, 19, 23])
     shape = TreeShape(parents, torch.device("cpu"))
-    cache = StaticCache.for_model(model.config, 64, F32, "cpu")
+    cache = StaticCache(model.config, 64, F32, "cpu")
     model.net(ids, torch.arange(30), cache, causal_mask(30, F32, "cpu"))
     cache.commit(30)
     tree_out = model.net(tokens, shape.depth + 30, cache, shape.mask(F32)).logits
@@ -62,7 +62,7 @@ def test_tree_step_then_keep_then_decode_equals_sequential_decode(model):
 
 
 def test_rollback_discards_uncommitted_block(model):
-    cache = StaticCache.for_model(model.config, 16, F32, "cpu")
+    cache = StaticCache(model.config, 16, F32, "cpu")
     cache.commit(5)
     cache.rollback(3)
     assert cache.length == 3

@@ -25,7 +25,7 @@ def model(tmp_path_factory):
 
 def filled_full_cache(model, n, seed=0):
     ids = torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(seed))
-    full = StaticCache.for_model(model.config, n + 8, F32, "cpu")
+    full = StaticCache(model.config, n + 8, F32, "cpu")
     model.net(ids, torch.arange(n), full, causal_mask(n, F32, "cpu"))
     full.commit(n)
     return full
@@ -34,7 +34,7 @@ def filled_full_cache(model, n, seed=0):
 def test_group_scores_equal_replicated_key_reference():
     q = torch.randn(8, 16)
     keys = torch.randn(2, 50, 16)
-    replicated = keys.repeat_interleave(4, dim=0)                # [8, 50, 16]: head h uses kv h // 4
+    replicated = keys.repeat_interleave(4, dim=0)               # [8, 50, 16]: head h uses kv h // 4
     reference = torch.einsum("hd,hnd->hn", q, replicated).view(2, 4, 50).sum(1)
     assert torch.allclose(group_scores(q, keys), reference, atol=1e-4)
 
@@ -56,7 +56,7 @@ def test_partial_cache_keeps_sink_ranks_by_importance_and_respects_budget(model)
         scores = group_scores(queries[layer], full.k[layer][:, 16:200])
         best = torch.topk(scores, 32, dim=1).indices + 16
         for h in range(model.config.num_kv_heads):
-            expect = full.k[layer][h, best[h]]                                  # most important first
+            expect = full.k[layer][h, best[h]]                                # most important first
             assert torch.equal(pc.k[layer][h, 16:], expect)
     # new tokens overwrite from the tail inwards; the budget never grows
     full2 = filled_full_cache(model, 230)
@@ -78,8 +78,8 @@ def test_tokenswift_ranks_again_when_the_tail_reaches_the_sink(model):
     res = longspec.generate(model, prompt, max_new_tokens=60, method="tokenswift", heads=heads,
                             sampling=longspec.SamplingConfig(temperature=0), ignore_eos=True,
                             options={"partial_budget": 40})
-    ar = longspec.generate(model, prompt, max_new_tokens=60, sampling=longspec.SamplingConfig(temperature=0),
-                           ignore_eos=True)
+    ar = longspec.generate(model, prompt, max_new_tokens=60,
+                           sampling=longspec.SamplingConfig(temperature=0), ignore_eos=True)
     assert res.token_ids == ar.token_ids
     # 24 free slots after each ranking, one scratch slot kept for the draft pass
     assert res.stats["partial_rankings"] >= 60 // 24 + 1

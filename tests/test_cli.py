@@ -13,8 +13,8 @@ STATS_KEYS = {"new_tokens", "steps", "drafted_tokens", "accepted_draft_tokens", 
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "longspec.cli", *args], capture_output=True, text=True, check=False,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "longspec.cli", *args], capture_output=True,
+                          text=True, check=False, timeout=300)
 
 
 def test_generate_json_on_demo_model():
@@ -63,7 +63,8 @@ def test_demo_command_prints_a_summary_line(capsys):
 def test_stop_string_ends_generation_in_new_text_only():
     model = longspec.load_model("demo", dtype="float32")
     sampling = longspec.SamplingConfig(temperature=0)
-    full = longspec.generate(model, "def f(x):\n", max_new_tokens=64, sampling=sampling, ignore_eos=True)
+    full = longspec.generate(model, "def f(x):\n", max_new_tokens=64, sampling=sampling,
+                             ignore_eos=True)
     stop = full.text[10:14]
     cut = longspec.generate(model, "def f(x):\n", max_new_tokens=64, sampling=sampling, stop=[stop],
                             method="recycling", ignore_eos=True)

@@ -9,8 +9,7 @@ import torch
 from longspec.drafters.base import Budget
 from longspec.drafters.ngram import NgramDrafter, NgramTable
 from longspec.drafters.pld import NgramIndex
-from longspec.drafters.recycling import RecyclingTemplate, template
-from longspec.tree import TrieBuilder
+from longspec.tree import TreeTemplate, TrieBuilder, template
 
 CPU = torch.device("cpu")
 
@@ -69,10 +68,10 @@ def test_ngram_drafter_counts_only_output_that_left_the_window():
 def test_recycling_template_fill_equals_slow_reference():
     parents, ranks = template(80, 6)
     assert len(parents) == 80 and max(ranks) == 7
-    tpl = RecyclingTemplate(80, 6, CPU)
+    tpl = TreeTemplate(80, 6, CPU)
     assert tpl.shape.max_depth == 6
     matrix = torch.randint(0, 1000, (1000, 8), generator=torch.Generator().manual_seed(0))
-    tokens = tpl.fill(17, matrix).tolist()
+    tokens = tpl.fill_by_token(17, matrix).tolist()
     slow = [17]
     for i in range(1, 80):
         slow.append(int(matrix[slow[parents[i]], ranks[i]]))

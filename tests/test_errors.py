@@ -1,4 +1,5 @@
-"""Bad input: a clear ValueError from the API (and one line, exit 2, from the CLI), before any work."""
+"""Bad input: a clear ValueError from the API (and one line, exit 2, from the CLI), before any
+work."""
 
 import json
 

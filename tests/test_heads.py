@@ -47,7 +47,8 @@ def test_heads_chain_residual_blocks():
     with torch.no_grad():
         heads.proj[0].weight.normal_()
     outs = heads(h0)
-    expect = h0 + torch.nn.functional.rms_norm(h0, (8,), heads.norms[0], heads.eps) @ heads.proj[0].weight.T
+    expect = h0 + (torch.nn.functional.rms_norm(h0, (8,), heads.norms[0], heads.eps)
+                   @ heads.proj[0].weight.T)
     assert torch.allclose(outs[0], expect, atol=1e-6)
     assert torch.allclose(outs[1], outs[0], atol=1e-6)   # head 2 adds zero
 
@@ -71,7 +72,8 @@ def test_save_load_round_trip_keeps_weights(model, tmp_path):
     heads.save(tmp_path, model)
     loaded = load_heads(tmp_path, model)
     assert loaded.gamma == 2
-    assert all(torch.equal(a, b) for a, b in zip(heads.state_dict().values(), loaded.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(heads.state_dict().values(),
+                                                 loaded.state_dict().values()))
 
 
 def test_heads_for_another_model_are_rejected(model, data_file, tmp_path, tmp_path_factory):
@@ -89,7 +91,8 @@ def test_heads_for_another_model_are_rejected(model, data_file, tmp_path, tmp_pa
 
 
 def test_heads_load_in_another_dtype_of_the_same_model(model, model_dir, data_file, tmp_path):
-    train_heads(model, [data_file], HeadsTraining(steps=1, batch_size=1, seq_len=32, warmup_steps=1),
+    train_heads(model, [data_file],
+                HeadsTraining(steps=1, batch_size=1, seq_len=32, warmup_steps=1),
                 out=tmp_path, progress=False)
     bf16 = longspec.load_model(model_dir, dtype="bfloat16", device="cpu")
     assert load_heads(tmp_path, bf16).proj[0].weight.dtype == torch.bfloat16

@@ -1,5 +1,6 @@
 """Every method writes exactly the tokens plain decoding writes: same seed, same settings,
-greedy and sampled, at least 1K new tokens, fp32, on the demo model, two held-out prompts."""
+greedy and sampled, at least 1K new tokens, fp32, on the demo model, two held-out prompts
+(the slow tier), and a 128-token smoke version of the same matrix (the fast tier)."""
 
 import functools
 from pathlib import Path
@@ -37,35 +38,49 @@ def models():
 
 
 @functools.cache
-def reference(prompt: str, setting: str) -> tuple[int, ...]:
+def reference(prompt: str, setting: str, new_tokens: int = NEW_TOKENS) -> tuple[int, ...]:
     target, _ = models()
-    res = longspec.generate(target, prompts()[prompt], max_new_tokens=NEW_TOKENS,
+    res = longspec.generate(target, prompts()[prompt], max_new_tokens=new_tokens,
                             sampling=SETTINGS[setting], seed=3, ignore_eos=True)
     return tuple(res.token_ids)
 
 
-@pytest.mark.parametrize("prompt", ["tqdm", "transformers"])
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_token_for_token(method, setting, prompt):
+def check_matches_ar(method: str, setting: str, prompt: str, new_tokens: int) -> None:
     target, draft = models()
-    res = longspec.generate(target, prompts()[prompt], max_new_tokens=NEW_TOKENS, method=method,
-                            sampling=SETTINGS[setting], seed=3, ignore_eos=True, draft_model=draft,
+    res = longspec.generate(target, prompts()[prompt], max_new_tokens=new_tokens, method=method,
+                            sampling=SETTINGS[setting], seed=3, ignore_eos=True,
+                            draft_model=(draft if longspec.METHODS[method].needs_draft_model
+                                         else None),
                             options=OPTIONS.get(method))
-    expect = reference(prompt, setting)
+    expect = reference(prompt, setting, new_tokens)
     got = tuple(res.token_ids)
     first_difference = next((i for i, (a, b) in enumerate(zip(got, expect)) if a != b), None)
-    assert first_difference is None and len(got) == len(expect) == NEW_TOKENS
+    assert first_difference is None and len(got) == len(expect) == new_tokens
     # the drafts were used (ngram counts only 4-grams that left the penalty window, which
     # without a penalty is its default 1024 tokens: none within this run)
     if method != "ngram" or SETTINGS[setting].uses_penalty:
         assert res.stats["accepted_draft_tokens"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", ["tqdm", "transformers"])
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("method", METHODS)
+def test_method_matches_ar_token_for_token(method, setting, prompt):
+    check_matches_ar(method, setting, prompt, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
+@pytest.mark.parametrize("method", METHODS)
+def test_method_matches_ar_for_128_tokens(method, setting):
+    check_matches_ar(method, setting, "tqdm", 128)
+
+
+@pytest.mark.slow
 def test_tokenswift_drafting_from_the_verify_pass_matches_ar():
     target, _ = models()
     setting = "sampling_min_p_penalty"
-    res = longspec.generate(target, prompts()["tqdm"], max_new_tokens=NEW_TOKENS, method="tokenswift",
-                            sampling=SETTINGS[setting], seed=3, ignore_eos=True,
-                            options={"draft_pass": "verify"})
+    res = longspec.generate(target, prompts()["tqdm"], max_new_tokens=NEW_TOKENS,
+                            method="tokenswift", sampling=SETTINGS[setting], seed=3,
+                            ignore_eos=True, options={"draft_pass": "verify"})
     assert tuple(res.token_ids) == reference("tqdm", setting)

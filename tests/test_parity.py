@@ -13,7 +13,7 @@ TOL = 2e-5
 def our_logits(model, ids, seq_len=None):
     net = model.net
     net.set_context(seq_len or len(ids))
-    cache = StaticCache.for_model(model.config, len(ids), torch.float32, "cpu")
+    cache = StaticCache(model.config, len(ids), torch.float32, "cpu")
     out = net(ids, torch.arange(len(ids)), cache, causal_mask(len(ids), torch.float32, "cpu"))
     return out.logits
 

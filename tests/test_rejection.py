@@ -13,7 +13,7 @@ import torch
 from helpers import make_checkpoint
 
 import longspec
-from longspec.api import prepare
+from longspec.api import Request, prepare
 from longspec.cache import StaticCache, causal_mask
 from longspec.sampling import process_logits
 
@@ -38,7 +38,7 @@ def next_probs(model, ids):
     """The processed next-token distribution after `ids`, as plain decoding would sample it."""
     net = model.net
     net.set_context(len(ids) + 2)
-    cache = StaticCache.for_model(model.config, len(ids), torch.float32, "cpu")
+    cache = StaticCache(model.config, len(ids), torch.float32, "cpu")
     logits = net(torch.tensor(ids), torch.arange(len(ids)), cache,
                  causal_mask(len(ids), torch.float32, "cpu")).logits[-1:]
     window = ids[-SAMPLING.penalty_window:]
@@ -76,9 +76,10 @@ def check_converges(samples, exact):
 
 def run(models, method, n, options=None):
     target, draft = models
-    return [tuple(longspec.generate(target, PROMPT, max_new_tokens=2, method=method, draft_model=draft,
-                                    sampling=SAMPLING, seed=s, ignore_eos=True, verify="rejection",
-                                    options=options).token_ids) for s in range(n)]
+    return [tuple(longspec.generate(target, PROMPT, max_new_tokens=2, method=method,
+                                    draft_model=draft, sampling=SAMPLING, seed=s, ignore_eos=True,
+                                    verify="rejection", options=options).token_ids)
+            for s in range(n)]
 
 
 def test_exact_distribution_is_far_from_the_draft_models(models):
@@ -88,20 +89,22 @@ def test_exact_distribution_is_far_from_the_draft_models(models):
     assert 0.5 * sum(abs(p[k] - q[k]) for k in p) > 4 * noise_bound(p, 2400)
 
 
+@pytest.mark.slow
 def test_draft_rejection_sampling_converges_to_target_distribution(models):
     check_converges(run(models, "draft", 2400, {"max_depth": 3}), exact_joint(models[0]))
 
 
+@pytest.mark.slow
 def test_triforce_rejection_sampling_converges_to_target_distribution(models):
     check_converges(run(models, "triforce", 2400, TRIFORCE), exact_joint(models[0]))
 
 
 def test_triforce_middle_level_samples_the_retrieval_targets_distribution(models):
     target, draft = models
-    engine, prompt = prepare(target, PROMPT, 2, "triforce", SAMPLING, 0, draft, None, None, True,
-                             "rejection", TRIFORCE)
-    engine.allocate(len(prompt))
-    engine.prefill(prompt)
+    engine, prompt = prepare(target, Request(PROMPT, max_new_tokens=2, method="triforce",
+                                             sampling=SAMPLING, draft_model=draft, ignore_eos=True,
+                                             verify="rejection", options=TRIFORCE))
+    engine.start(prompt)
     tf = engine.drafter
     tf.level.sync(prompt)
     mid = tf.level.chain

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..drafters.registry import parse_assignment
 from .metrics import mean_roofline_ms, measure_bandwidth
 from .prompts import prompt_ids
 from .report import write
@@ -21,10 +22,8 @@ def parse_shared_options(pairs: list[str]) -> dict:
     shared: dict = {}
     for pair in pairs:
         target, _, assignment = pair.rpartition(":") if ":" in pair else ("", "", pair)
-        key, sep, value = assignment.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--option takes [METHOD:]KEY=VALUE, got {pair!r}")
-        shared.setdefault(target or None, {})[key] = int(value) if value.isdigit() else value
+        key, value = parse_assignment(assignment, "[METHOD:]KEY=VALUE")
+        shared.setdefault(target or None, {})[key] = value
     return shared
 
 
@@ -37,14 +36,17 @@ def weight_bytes(model) -> int:
     return total
 
 
-def roofline(model, rows: list[dict], prompt_len: int, gen_lens: list[int], bandwidth: float) -> list[dict]:
+def roofline(model, rows: list[dict], prompt_len: int, gen_lens: list[int],
+             bandwidth: float) -> list[dict]:
     kv = model.config.kv_bytes_per_token(model.dtype.itemsize)
     out = []
     for gen_len in gen_lens:
-        seconds = mean_roofline_ms(weight_bytes(model), kv, prompt_len, gen_len, bandwidth) * gen_len / 1e3
+        seconds = (mean_roofline_ms(weight_bytes(model), kv, prompt_len, gen_len, bandwidth)
+                   * gen_len / 1e3)
         entry = {"gen_len": gen_len, "roofline_seconds": round(seconds, 4),
                  "roofline_ms_per_token": round(seconds * 1e3 / gen_len, 3)}
-        ar = next((r for r in rows if r["method"] == "ar" and r["gen_len"] == gen_len and "seconds" in r), None)
+        ar = next((r for r in rows if r["method"] == "ar" and r["gen_len"] == gen_len
+                   and "seconds" in r), None)
         if ar is not None:
             entry["ar_seconds"] = ar["seconds"]
             entry["ar_over_roofline"] = round(ar["seconds"] / seconds, 3)
@@ -57,12 +59,13 @@ def versions() -> dict:
 
     from .. import __version__
 
-    return {"longspec": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    return {"longspec": __version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version()}
 
 
-def run_bench(model, draft_model, heads, methods: list[str], gen_lens: list[int], prompt_len: int,
-              prompt_file: str | None, sampling, seed: int, runs: int, out: Path, options: list[str],
+def run_bench(model, *, methods: list[str], gen_lens: list[int], prompt_len: int, out: Path,
+              sampling, draft_model=None, heads=None, prompt_file: str | None = None,
+              seed: int = 0, runs: int = 1, options: list[str] = (),
               progress: bool = True) -> list[Path]:
     if not gen_lens or any(n <= 0 for n in gen_lens):
         raise ValueError("--gen-lens takes positive integers, e.g. 2048,8192")
@@ -70,7 +73,8 @@ def run_bench(model, draft_model, heads, methods: list[str], gen_lens: list[int]
         raise ValueError("--prompt-len and --runs must be positive")
     limit = model.config.context_limit
     if prompt_len + max(gen_lens) > limit:
-        raise ValueError(f"prompt {prompt_len} + {max(gen_lens)} new tokens exceeds the model's context of {limit}")
+        raise ValueError(f"prompt {prompt_len} + {max(gen_lens)} new tokens exceeds the model's "
+                         f"context of {limit}")
     shared = parse_shared_options(options)
     entries = [parse_entry(m, shared) for m in methods]
     prompt = prompt_ids(model, prompt_len, prompt_file)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import torch
-from typing_extensions import Self
 
 
 def distinct_n(tokens: list[int], n: int) -> float:
@@ -33,7 +31,8 @@ def decode_bytes(weight_bytes: int, kv_bytes_per_token: int, context: int) -> in
     return weight_bytes + kv_bytes_per_token * context
 
 
-def roofline_ms(weight_bytes: int, kv_bytes_per_token: int, context: int, bandwidth: float) -> float:
+def roofline_ms(weight_bytes: int, kv_bytes_per_token: int, context: int,
+                bandwidth: float) -> float:
     """Milliseconds per token that plain decoding cannot beat at `bandwidth` bytes/s."""
     return 1e3 * decode_bytes(weight_bytes, kv_bytes_per_token, context) / bandwidth
 
@@ -43,39 +42,3 @@ def mean_roofline_ms(weight_bytes: int, kv_bytes_per_token: int, prompt_len: int
     """Roofline per token averaged over a generation whose context grows from prompt_len."""
     mean_context = prompt_len + (gen_len - 1) / 2
     return roofline_ms(weight_bytes, kv_bytes_per_token, mean_context, bandwidth)
-
-
-class PeakMemory:
-    """Peak memory during a block: CUDA's peak allocation, or the resident set sampled every
-    5 ms on the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.peak = 0
-        self._stop = threading.Event()
-
-    @staticmethod
-    def _rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self._rss())
-
-    def __enter__(self) -> Self:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            self.peak = self._rss()
-            self._thread = threading.Thread(target=self._watch, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
-            self.peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, self._rss())

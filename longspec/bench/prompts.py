@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..text import read_text_file
+
 DEFAULT_SOURCES = ("generation/utils.py", "modeling_utils.py", "trainer.py")
 
 
@@ -15,7 +17,8 @@ def default_prompt_text() -> str:
     import transformers
 
     root = Path(transformers.__file__).resolve().parent
-    parts = [(root / name).read_text(encoding="utf-8") for name in DEFAULT_SOURCES if (root / name).is_file()]
+    parts = [(root / name).read_text(encoding="utf-8") for name in DEFAULT_SOURCES
+             if (root / name).is_file()]
     if not parts:
         raise ValueError("transformers' sources are missing; pass --prompt-file")
     return "\n\n".join(parts)
@@ -26,13 +29,11 @@ def prompt_ids(model, prompt_len: int, prompt_file: str | None = None) -> list[i
     if model.tokenizer is None:
         raise ValueError(f"{model.path} has no tokenizer; benchmarks need one to encode prompts")
     if prompt_file is not None:
-        path = Path(prompt_file)
-        if not path.is_file():
-            raise ValueError(f"prompt file {prompt_file!r} not found")
-        text = path.read_text(encoding="utf-8")
+        text = read_text_file(prompt_file, "prompt file")
     else:
         text = default_prompt_text()
     ids = model.tokenizer(text)["input_ids"]
     if len(ids) < prompt_len:
-        raise ValueError(f"the prompt text has {len(ids)} tokens, fewer than --prompt-len {prompt_len}")
+        raise ValueError(f"the prompt text has {len(ids)} tokens, "
+                         f"fewer than --prompt-len {prompt_len}")
     return ids[:prompt_len]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-COLUMNS = [("method", "method"), ("gen_len", "new tokens"), ("seconds", "s"), ("tokens_per_s", "tok/s"),
-           ("speedup_vs_ar", "vs ar"), ("speedup_vs_hf", "vs hf"), ("acceptance_rate", "alpha"),
-           ("mean_accepted_length", "len"), ("distinct_1", "D-1"), ("distinct_2", "D-2"),
-           ("distinct_3", "D-3"), ("distinct_4", "D-4"), ("peak_memory_bytes", "peak MiB"),
-           ("status", "status")]
+COLUMNS = [("method", "method"), ("gen_len", "new tokens"), ("seconds", "s"),
+           ("tokens_per_s", "tok/s"), ("speedup_vs_ar", "vs ar"), ("speedup_vs_hf", "vs hf"),
+           ("acceptance_rate", "alpha"), ("mean_accepted_length", "len"), ("distinct_1", "D-1"),
+           ("distinct_2", "D-2"), ("distinct_3", "D-3"), ("distinct_4", "D-4"),
+           ("peak_memory_bytes", "peak MiB"), ("status", "status")]
 
 
 def _cell(key: str, value) -> str:
@@ -25,14 +25,16 @@ def _cell(key: str, value) -> str:
 def markdown(report: dict) -> str:
     lines = [f"# longspec bench: {report['model']}", "",
              f"`{report['command']}`", "",
-             (f"device {report['device']}, dtype {report['dtype']}, prompt {report['prompt_len']} tokens, "
+             (f"device {report['device']}, dtype {report['dtype']}, "
+             f"prompt {report['prompt_len']} tokens, "
              f"sampling {report['sampling']}, seed {report['seed']}, {report['runs']} run(s) each "
              f"(median), memory bandwidth {report['bandwidth_gb_s']:.1f} GB/s"), ""]
     lines.append("| " + " | ".join(h for _, h in COLUMNS) + " |")
     lines.append("|" + "---|" * len(COLUMNS))
     for row in report["results"]:
         lines.append("| " + " | ".join(_cell(k, row.get(k)) for k, _ in COLUMNS) + " |")
-    lines += ["", "Roofline of plain decoding (weights + KV bytes per token / measured bandwidth):", "",
+    lines += ["",
+              "Roofline of plain decoding (weights + KV bytes per token / measured bandwidth):", "",
               "| new tokens | roofline s | ar s | ar / roofline |", "|---|---|---|---|"]
     for r in report["roofline"]:
         ratio = f"{r['ar_over_roofline']:.2f}" if r.get("ar_over_roofline") else "-"

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from ..api import VERIFY_MODES, generate
-from ..drafters import NEEDS_DRAFT_MODEL, method_names, option_names, resolve_options
+from ..api import generate
+from ..drafters import METHODS, VERIFY_MODES, check_arguments
+from ..drafters.registry import parse_assignment
+from ..memory import PeakMemory
 from ..sampling import SamplingConfig
-from .metrics import PeakMemory, distinct_n
+from .metrics import distinct_n
 
 PEERS = ("hf", "hf-pld", "hf-assisted")
 WARMUP_TOKENS = 16
@@ -40,23 +42,23 @@ def parse_entry(spec: str, shared: dict) -> Entry:
     if not match:
         raise ValueError(f"bad method entry {spec!r}; use NAME or NAME[key=value,...]")
     name, opts = match.group(1), match.group(2)
-    if name not in method_names() and name not in PEERS:
-        raise ValueError(f"unknown method {name!r}; choose from {', '.join(method_names() + PEERS)}")
+    if name not in METHODS and name not in PEERS:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join([*METHODS, *PEERS])}")
     options = {}
-    if name in method_names():
-        accepted = option_names(name)
+    if name in METHODS:
+        accepted = METHODS[name].all_options()
         options = {k: v for k, v in shared.get(None, {}).items() if k in accepted}
         options.update(shared.get(name, {}))
     for pair in filter(None, (opts or "").split(",")):
-        key, _, value = pair.partition("=")
-        options[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+        key, value = parse_assignment(pair, "NAME[KEY=VALUE,...]")
+        options[key] = value
     if options and name in PEERS:
         raise ValueError(f"{name} takes no options")
     verify = options.pop("verify", "match")
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
-    if name in method_names():
-        resolve_options(name, options)
+    if name in METHODS:
+        METHODS[name].resolve(options)
     return Entry(spec.strip(), name, options, verify)
 
 
@@ -66,7 +68,8 @@ class Peers:
     def __init__(self, model, draft_model):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype).to(model.device).eval()
+        self.model = (AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype)
+                      .to(model.device).eval())
         self.draft = None
         if draft_model is not None:
             self.draft = AutoModelForCausalLM.from_pretrained(
@@ -102,7 +105,8 @@ class Peers:
         ids = torch.tensor([prompt], device=self.model.device)
         torch.manual_seed(seed)
         with torch.no_grad():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, **kwargs)
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0,
+                                      **kwargs)
         return out[0, len(prompt):].tolist()
 
 
@@ -118,30 +122,37 @@ class RunSpec:
 
 def _one(model, entry: Entry, spec: RunSpec, gen_len: int, draft_model, heads, peers) -> dict:
     device = model.device
-    with PeakMemory(device) as mem:
-        start = time.perf_counter()
-        if entry.method in PEERS:
+    start = time.perf_counter()
+    if entry.method in PEERS:
+        with PeakMemory(device) as mem:
             tokens = peers.generate(entry.method, spec.prompt, gen_len, spec.sampling, spec.seed)
-            stats = {}
-        else:
-            res = generate(model, spec.prompt, gen_len, method=entry.method, sampling=spec.sampling,
-                           seed=spec.seed, draft_model=draft_model, heads=heads, ignore_eos=True,
-                           verify=entry.verify, options=entry.options)
-            tokens, stats = res.token_ids, res.stats
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - start
-    return {"seconds": seconds, "tokens": tokens, "stats": stats, "peak": mem.peak}
+        stats, peak = {}, mem.peak
+    else:
+        method = METHODS[entry.method]
+        res = generate(model, spec.prompt, max_new_tokens=gen_len, method=entry.method,
+                       sampling=spec.sampling, seed=spec.seed, ignore_eos=True,
+                       draft_model=draft_model if method.needs_draft_model else None,
+                       heads=heads if method.needs_heads else None,
+                       verify=entry.verify, options=entry.options)
+        tokens, stats, peak = res.token_ids, res.stats, res.stats["peak_memory_bytes"]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": tokens, "stats": stats, "peak": peak}
 
 
 def run(model, spec: RunSpec, draft_model=None, heads=None, progress: bool = True) -> list[dict]:
     """Rows of results, one per entry x generation length (medians over runs)."""
     for entry in spec.entries:
-        if entry.method in NEEDS_DRAFT_MODEL and draft_model is None:
-            raise ValueError(f"method {entry.method} needs --draft-model")
+        if entry.method in METHODS:
+            method = METHODS[entry.method]
+            if method.needs_draft_model and draft_model is None:
+                raise ValueError(f"method {entry.method} needs --draft-model")
+            check_arguments(method, draft_model=False, heads=False, verify=entry.verify)
     needs_peers = any(e.method in PEERS for e in spec.entries)
     peers = Peers(model, draft_model) if needs_peers else None
-    statuses = {e.label: (Peers.status(e.method, spec.sampling, len(spec.prompt) + max(spec.gen_lens),
+    statuses = {e.label: (Peers.status(e.method, spec.sampling,
+                                       len(spec.prompt) + max(spec.gen_lens),
                                        draft_model is not None) if e.method in PEERS else "ok")
                 for e in spec.entries}
     runnable = [e for e in spec.entries if not statuses[e.label].startswith("unsupported")]
@@ -161,7 +172,8 @@ def run(model, spec: RunSpec, draft_model=None, heads=None, progress: bool = Tru
     rows = []
     for gen_len in spec.gen_lens:
         for entry in spec.entries:
-            rows.append(_row(entry, gen_len, collected.get((entry.label, gen_len), []), statuses[entry.label]))
+            rows.append(_row(entry, gen_len, collected.get((entry.label, gen_len), []),
+                             statuses[entry.label]))
     _add_speedups(rows)
     return rows
 
@@ -177,13 +189,14 @@ def _row(entry: Entry, gen_len: int, runs: list[dict], status: str) -> dict:
         seconds=round(seconds, 4),
         tokens_per_s=round(len(last["tokens"]) / seconds, 2),
         new_tokens=len(last["tokens"]),
-        acceptance_rate=round(stats["acceptance_rate"], 4) if stats else None,
+        acceptance_rate=(round(stats["acceptance_rate"], 4)
+                         if stats.get("acceptance_rate") is not None else None),
         mean_accepted_length=round(stats["mean_accepted_length"], 3) if stats else None,
         peak_memory_bytes=max(r["peak"] for r in runs),
         **{f"distinct_{n}": round(distinct_n(last["tokens"], n), 4) for n in range(1, 5)},
     )
-    for key in ("middle_acceptance_rate", "retrieval_rebuilds", "partial_rankings", "verify_forward_s",
-                "decode_s", "prefill_s"):
+    method_stats = METHODS[entry.method].stats if entry.method in METHODS else ()
+    for key in (*method_stats, "verify_forward_s", "decode_s", "prefill_s"):
         if stats.get(key) is not None:
             row[key] = round(stats[key], 4)
     if stats.get("verify_forward_s") and stats.get("decode_s"):

@@ -32,8 +32,11 @@ def causal_mask(q: int, dtype: torch.dtype, device) -> torch.Tensor:
 class KVCache(ABC):
     """Per-layer key/value buffers [kv_heads, capacity, head_dim]."""
 
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
+    def __init__(self, config, capacity: int, dtype: torch.dtype, device):
+        shape = (config.num_kv_heads, capacity, config.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.capacity = capacity
 
     @abstractmethod
     def plan(self, q: int, block_mask: torch.Tensor | None) -> AttentionPlan:
@@ -47,3 +50,11 @@ class KVCache(ABC):
         self.k[layer][:, plan.start:end] = k
         self.v[layer][:, plan.start:end] = v
         return self.k[layer][:, :plan.n_keys], self.v[layer][:, :plan.n_keys]
+
+
+def copy_slots(dst: KVCache, dst_start: int, src: KVCache, src_start: int, n: int) -> None:
+    """Copy n slots of every layer's keys and values from `src` to `dst` (which may be the
+    same cache: overlapping ranges are read before they are written)."""
+    for mine, theirs in zip((*dst.k, *dst.v), (*src.k, *src.v)):
+        block = theirs[:, src_start:src_start + n]
+        mine[:, dst_start:dst_start + n] = block.clone() if mine is theirs else block

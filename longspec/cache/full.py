@@ -14,17 +14,9 @@ class StaticCache(KVCache):
     engine then commits (`commit`), keeps a chosen subset (`keep`) or drops it (nothing to do).
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device):
-        shape = (num_kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.capacity = capacity
+    def __init__(self, config, capacity: int, dtype: torch.dtype, device):
+        super().__init__(config, capacity, dtype, device)
         self.length = 0
-
-    @classmethod
-    def for_model(cls, config, capacity: int, dtype: torch.dtype, device) -> StaticCache:
-        return cls(config.num_layers, config.num_kv_heads, config.head_dim, capacity, dtype, device)
 
     def plan(self, q: int, block_mask: torch.Tensor | None) -> AttentionPlan:
         if self.length + q > self.capacity:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import AttentionPlan, KVCache
+from .base import AttentionPlan, KVCache, copy_slots
 from .scoring import gather_slots, group_scores
 
 SINK = 16
@@ -23,10 +23,9 @@ SINK = 16
 class PartialCache(KVCache):
     def __init__(self, config, budget: int, dtype: torch.dtype, device, sink: int = SINK):
         if budget <= sink + 8:
-            raise ValueError(f"partial cache budget must exceed {sink + 8} (sink {sink}), got {budget}")
-        shape = (config.num_kv_heads, budget, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+            raise ValueError(f"partial cache budget must exceed {sink + 8} (sink {sink}), "
+                             f"got {budget}")
+        super().__init__(config, budget, dtype, device)
         self.budget = budget
         self.sink = sink
         self.filled = 0          # slots [0, filled) hold tokens (appending phase)
@@ -36,7 +35,8 @@ class PartialCache(KVCache):
 
     def room(self) -> int:
         """Tokens that can still be added before a ranking is due."""
-        return (self.budget - self.filled) + (self.tail - self.sink if self.filled == self.budget else 0)
+        return (self.budget - self.filled) + (self.tail - self.sink
+                                              if self.filled == self.budget else 0)
 
     def _next_slots(self, q: int) -> int:
         if self.filled + q <= self.budget:
@@ -55,9 +55,7 @@ class PartialCache(KVCache):
         n = upto - self.covered
         if n <= 0:
             return
-        start = self._next_slots(n)
-        for mine, theirs in zip((*self.k, *self.v), (*full.k, *full.v)):
-            mine[:, start:start + n] = theirs[:, self.covered:upto]
+        copy_slots(self, self._next_slots(n), full, self.covered, n)
         if self.filled < self.budget:
             self.filled += n
         else:
@@ -74,8 +72,7 @@ class PartialCache(KVCache):
         tokens by `queries` (one rotated query [heads, d] per layer), most important first."""
         n = full.length
         if n <= self.budget:
-            for mine, theirs in zip((*self.k, *self.v), (*full.k, *full.v)):
-                mine[:, :n] = theirs[:, :n]
+            copy_slots(self, 0, full, 0, n)
             self.filled, self.tail = n, self.budget
         else:
             keep = self.budget - self.sink
@@ -83,7 +80,8 @@ class PartialCache(KVCache):
                 keys = full.k[layer][:, self.sink:n]
                 scores = group_scores(q, keys)                          # [kv, n - sink]
                 best = torch.topk(scores, keep, dim=1).indices + self.sink  # most important first
-                for mine, theirs in ((self.k[layer], full.k[layer]), (self.v[layer], full.v[layer])):
+                for mine, theirs in ((self.k[layer], full.k[layer]),
+                                     (self.v[layer], full.v[layer])):
                     mine[:, :self.sink] = theirs[:, :self.sink]
                     mine[:, self.sink:] = gather_slots(theirs, best)
             self.filled, self.tail = self.budget, self.budget

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .base import copy_slots
 from .full import StaticCache
 from .scoring import gather_slots, group_scores
 
@@ -17,10 +18,12 @@ CHUNK = 8
 
 
 class RetrievalCache(StaticCache):
-    def __init__(self, config, budget: int, tail: int, dtype: torch.dtype, device, chunk: int = CHUNK):
+    def __init__(self, config, budget: int, tail: int, dtype: torch.dtype, device,
+                 chunk: int = CHUNK):
         if budget < 2 * chunk or budget % chunk:
-            raise ValueError(f"retrieval budget must be a multiple of {chunk} of at least {2 * chunk}, got {budget}")
-        super().__init__(config.num_layers, config.num_kv_heads, config.head_dim, budget + tail, dtype, device)
+            raise ValueError(f"retrieval budget must be a multiple of {chunk} of at least "
+                             f"{2 * chunk}, got {budget}")
+        super().__init__(config, budget + tail, dtype, device)
         self.budget = budget
         self.chunk = chunk
         self.covered = 0        # committed tokens the cache represents (selected or passed over)
@@ -36,8 +39,7 @@ class RetrievalCache(StaticCache):
         recent = n - whole * self.chunk          # an incomplete last chunk is always kept
         keep = min(whole, (self.budget - recent) // self.chunk)
         if keep >= whole:
-            for mine, theirs in zip((*self.k, *self.v), (*full.k, *full.v)):
-                mine[:, :n] = theirs[:, :n]
+            copy_slots(self, 0, full, 0, n)
             self.length = self.covered = n
             return
         offsets = torch.arange(self.chunk, device=full.k[0].device)
@@ -62,7 +64,6 @@ class RetrievalCache(StaticCache):
         n = upto - self.covered
         if n <= 0:
             return
-        for mine, theirs in zip((*self.k, *self.v), (*full.k, *full.v)):
-            mine[:, self.length:self.length + n] = theirs[:, self.covered:upto]
+        copy_slots(self, self.length, full, self.covered, n)
         self.length += n
         self.covered = upto

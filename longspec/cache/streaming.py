@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import torch
 
+from .base import copy_slots
 from .full import StaticCache
 
 SINK = 16
 
 
 class StreamingCache(StaticCache):
-    def __init__(self, config, window: int, slack: int, dtype: torch.dtype, device, sink: int = SINK):
-        super().__init__(config.num_layers, config.num_kv_heads, config.head_dim,
-                         sink + window + slack, dtype, device)
+    def __init__(self, config, window: int, slack: int, dtype: torch.dtype, device,
+                 sink: int = SINK):
+        super().__init__(config, sink + window + slack, dtype, device)
         self.sink = sink
         self.window = window
 
@@ -25,7 +26,5 @@ class StreamingCache(StaticCache):
         limit = self.sink + self.window
         if self.length <= limit:
             return
-        shift = self.length - limit
-        for buf in (*self.k, *self.v):
-            buf[:, self.sink:limit] = buf[:, self.sink + shift:self.length].clone()
+        copy_slots(self, self.sink, self, self.length - self.window, self.window)
         self.length = limit

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from ..models.transformer import ForwardOutput
-from ..tree import DraftTree, TreeShape
-from ..verify import Verdict
+from ..tree import DraftTree
+from ..verify import TargetOutput, Verdict
 
 
 @dataclass(frozen=True)
@@ -21,15 +21,6 @@ class Budget:
     def chain(self) -> int:
         """Longest chain that fits both limits."""
         return min(self.max_depth, self.max_nodes - 1)
-
-
-@dataclass
-class TargetOutput:
-    """What the verify forward produced for each tree node."""
-
-    forward: ForwardOutput          # raw logits [n, vocab] (+ hidden states when asked for)
-    processed: torch.Tensor         # processed logits [n, vocab] (penalty, temperature, ...)
-    target_tokens: torch.Tensor     # [n] the target's choice after each node
 
 
 class Drafter(ABC):
@@ -51,19 +42,8 @@ class Drafter(ABC):
         """A draft tree rooted at committed[-1]."""
 
     def observe(self, tree: DraftTree, target_out: TargetOutput, verdict: Verdict) -> None:
-        """Learn from a verify step."""
+        """Learn from a verify step (called with the committed part of the verdict)."""
 
     def stats(self) -> dict:
         """Method-specific statistics for the result's stats."""
         return {}
-
-
-class NoDraft(Drafter):
-    """Plain autoregressive decoding: the tree is the root alone."""
-
-    def __init__(self, device: torch.device):
-        self.shape = TreeShape([-1], device)
-        self.device = device
-
-    def propose(self, committed, budget) -> DraftTree:
-        return DraftTree(self.shape, torch.tensor(committed[-1:], device=self.device))

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..cache import StaticCache, causal_mask
+from ..cache import StaticCache
+from ..models.prefill import prefill
 from ..models.transformer import Transformer
 
 
@@ -21,25 +22,9 @@ class ChainModel:
         self.fed = 0
 
     def feed(self, tokens: list[int], last_logits: int = 1) -> torch.Tensor | None:
-        """Run `tokens` (the next ones of the sequence) into the cache, in chunks; return the
-        logits [last_logits, vocab] after the last ones (None when last_logits is 0)."""
-        net, device = self.net, self.net.device
-        ids = torch.tensor(tokens, dtype=torch.long, device=device)
-        logits = None
-        done = 0
-        while done < len(tokens):
-            q = min(len(tokens) - done, net.prefill_chunk(self.cache.length + len(tokens)))
-            start = self.fed + done
-            positions = torch.arange(start, start + q, device=device)
-            is_last = done + q == len(tokens)
-            want = is_last and last_logits > 0
-            out = net(ids[done:done + q], positions, self.cache,
-                      causal_mask(q, net.dtype, device) if q > 1 else None,
-                      logits_index=slice(-last_logits, None) if want else None, need_logits=want)
-            self.cache.commit(q)
-            done += q
-            if want:
-                logits = out.logits
+        """Run `tokens` (the next ones of the sequence) into the cache; return the logits
+        [last_logits, vocab] after the last ones (None when last_logits is 0)."""
+        logits = prefill(self.net, tokens, self.cache, self.fed, last_logits=last_logits)
         self.fed += len(tokens)
         return logits
 
@@ -77,8 +62,8 @@ class ChainModel:
 def root_queries(net: Transformer, committed: list[int], full: StaticCache) -> list[torch.Tensor]:
     """Each layer's rotated query [heads, d] of the root (committed[-1]) over the full cache.
     The root's keys land in the full cache's next slot, which the verify pass overwrites."""
-    queries: list[torch.Tensor] = []
     device = net.device
-    net(torch.tensor(committed[-1:], device=device), torch.tensor([len(committed) - 1], device=device),
-        full, need_logits=False, queries=queries)
-    return queries
+    out = net(torch.tensor(committed[-1:], device=device),
+              torch.tensor([len(committed) - 1], device=device), full,
+              need_logits=False, return_queries=True)
+    return out.queries

@@ -12,9 +12,10 @@ import torch
 
 from ..cache import StaticCache
 from ..memory import ensure_fits
-from ..tree import DraftTree, TreeShape
+from ..tree import DraftTree
 from .base import Budget, Drafter
 from .chain import ChainModel
+from .registry import MethodSpec
 
 START_GAMMA = 4
 
@@ -26,7 +27,8 @@ def check_draft_model(target, draft) -> None:
                          "(--draft-model PATH; 'demo-draft' for the demo model)")
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"the draft model's vocabulary ({draft.config.vocab_size}) differs from "
-                         f"the target's ({target.config.vocab_size}); use a draft with the same tokenizer")
+                         f"the target's ({target.config.vocab_size}); use a draft with the same "
+                         "tokenizer")
     tt, dt = target.tokenizer, draft.tokenizer
     if tt is not None and dt is not None and tt.get_vocab() != dt.get_vocab():
         raise ValueError("the draft model's tokenizer differs from the target's; use a draft "
@@ -56,10 +58,9 @@ class DraftModelDrafter(Drafter):
         self.context = context
         ensure_fits(capacity * draft.config.kv_bytes_per_token(draft.dtype.itemsize), draft.device,
                     "the draft model's KV cache", "lower max_new_tokens")
-        cache = StaticCache.for_model(draft.config, capacity, draft.dtype, draft.device)
+        cache = StaticCache(draft.config, capacity, draft.dtype, draft.device)
         self.chain = ChainModel(draft.net, cache)
         self.gamma = AdaptiveGamma()
-        self._shapes: dict[int, TreeShape] = {}
         self._start = 0
         self._limit = 1
 
@@ -67,19 +68,13 @@ class DraftModelDrafter(Drafter):
         self.chain.net.set_context(self.context)
         self.chain.catch_up(prompt_ids[:-1], last_logits=0)
 
-    def shape(self, n: int) -> TreeShape:
-        if n not in self._shapes:
-            self._shapes[n] = TreeShape.chain(n, self.device)
-        return self._shapes[n]
-
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         gamma = self.gamma.get(budget.chain)
         self._start = len(committed)
         self._limit = budget.chain
         drafts, rows = self.chain.draft(committed, gamma, self.sampler.chain_choice)
         probs = torch.softmax(torch.cat(rows), dim=-1) if self.sampler.rejection else None
-        tokens = torch.tensor([committed[-1], *drafts], device=self.device)
-        return DraftTree(self.shape(gamma), tokens, probs)
+        return DraftTree.chain([committed[-1], *drafts], self.device, probs)
 
     def observe(self, tree, target_out, verdict) -> None:
         drafted = tree.n - 1
@@ -87,3 +82,9 @@ class DraftModelDrafter(Drafter):
         # the cache holds the drafts but the last; keep those the target accepted
         self.chain.rewind(self._start + min(accepted, drafted - 1))
         self.gamma.update(drafted, accepted, self._limit)
+
+
+SPEC = MethodSpec(
+    name="draft", summary="a small model with the same tokenizer (classic speculative decoding)",
+    budget=Budget(9, 8), needs_draft_model=True, samples_drafts=True,
+    build=lambda s: DraftModelDrafter(s.model, s.draft_model, s.sampler, s.capacity, s.context))

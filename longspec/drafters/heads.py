@@ -11,9 +11,11 @@ from __future__ import annotations
 import torch
 
 from ..heads import find_bundled_heads, load_heads
-from ..tree import DraftTree, TreeShape
+from ..tree import DraftTree, TreeTemplate
 from .base import Budget, Drafter
-from .recycling import WIDTH, RecyclingTemplate
+from .registry import MethodSpec
+
+WIDTH = 8
 
 
 def resolve_heads(model, heads):
@@ -29,49 +31,58 @@ def resolve_heads(model, heads):
     return load_heads(path, model)
 
 
-class HeadsTemplate(RecyclingTemplate):
-    """A static template whose level-d nodes take the rank-r token of head d (every parent at
-    a level shares the same candidates: heads do not see the path)."""
+class HeadGuesses:
+    """A model's heads with the generation's sampling rule: ranked guesses for the tokens
+    below a hidden state."""
 
-    def fill_from(self, root: int, candidates: torch.Tensor) -> torch.Tensor:
-        """candidates [depth, width] token ids, best first -> tokens [n]."""
-        tokens = torch.empty(self.shape.n, dtype=torch.long, device=candidates.device)
-        tokens[0] = root
-        for level, (nodes, _, ranks) in enumerate(self.levels):
-            tokens[nodes] = candidates[level, ranks]
-        return tokens
+    def __init__(self, model, heads, sampler):
+        self.net = model.net
+        self.heads = resolve_heads(model, heads)
+        self.sampler = sampler
+
+    @property
+    def gamma(self) -> int:
+        return self.heads.gamma
+
+    def candidates(self, hidden: torch.Tensor, first_depth: int, k: int,
+                   depth: int | None = None) -> torch.Tensor:
+        """The top-k tokens [depth, k] that heads 1..depth (all by default) guess for depths
+        first_depth.. below the root, from one hidden state [1, hidden]."""
+        logits = self.heads.logits(self.net, hidden)[:depth, 0]        # [depth, vocab]
+        return torch.topk(self.sampler.guess_scores(logits, first_depth), k, dim=-1).indices
 
 
 class HeadsDrafter(Drafter):
     needs_hidden = True
 
     def __init__(self, model, heads, sampler):
-        self.net = model.net
-        self.heads = resolve_heads(model, heads)
-        self.sampler = sampler
+        self.guesses = HeadGuesses(model, heads, sampler)
         self.device = model.device
         self.hidden: torch.Tensor | None = None
-        self.root_only = TreeShape([-1], self.device)
-        self._templates: dict[Budget, HeadsTemplate] = {}
+        self._templates: dict[Budget, TreeTemplate] = {}
 
-    def template(self, budget: Budget) -> HeadsTemplate:
-        depth = min(budget.max_depth, self.heads.gamma)
-        key = Budget(budget.max_nodes, depth)
+    def template(self, budget: Budget) -> TreeTemplate:
+        key = Budget(budget.max_nodes, min(budget.max_depth, self.guesses.gamma))
         if key not in self._templates:
-            self._templates[key] = HeadsTemplate(budget.max_nodes, depth, self.device)
+            self._templates[key] = TreeTemplate(key.max_nodes, key.max_depth, self.device, WIDTH)
         return self._templates[key]
 
     def observe_prefill(self, tokens, out) -> None:
         self.hidden = out.hidden[-1:]
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        tpl = self.template(budget)
         if self.hidden is None:
-            return DraftTree(self.root_only, torch.tensor(committed[-1:], device=self.device))
-        depth = tpl.shape.max_depth
-        logits = self.heads.logits(self.net, self.hidden)[:depth, 0]        # [depth, vocab]
-        cands = torch.topk(self.sampler.guess_scores(logits, 1), WIDTH, dim=-1).indices
-        return DraftTree(tpl.shape, tpl.fill_from(committed[-1], cands))
+            return DraftTree.chain(committed[-1:], self.device)
+        tpl = self.template(budget)
+        cands = self.guesses.candidates(self.hidden, 1, WIDTH, tpl.shape.max_depth)
+        return DraftTree(tpl.shape, tpl.fill_by_depth(committed[-1], cands))
 
     def observe(self, tree, target_out, verdict) -> None:
-        self.hidden = target_out.forward.hidden[verdict.accepted[-1]:verdict.accepted[-1] + 1]
+        last = verdict.accepted[-1]
+        self.hidden = target_out.forward.hidden[last:last + 1]
+
+
+SPEC = MethodSpec(
+    name="heads", summary="multi-token heads on the verify pass's hidden state",
+    budget=Budget(6, 3), needs_heads=True,
+    build=lambda setup: HeadsDrafter(setup.model, setup.heads, setup.sampler))

@@ -11,6 +11,7 @@ import torch
 
 from ..tree import DraftTree, TrieBuilder
 from .base import Budget, Drafter
+from .registry import MethodSpec, Option
 
 NGRAM = 4
 TOP_K = 20
@@ -83,3 +84,11 @@ class NgramDrafter(Drafter):
         trie = TrieBuilder(committed[-1], budget.max_nodes, budget.max_depth)
         self.add_chains(trie, committed[-1], 0)
         return trie.build(self.device)
+
+
+SPEC = MethodSpec(
+    name="ngram", summary="the most frequent 4-grams of the output that left the penalty window "
+    "(TokenSwift's token reutilization)",
+    budget=Budget(7, 3), options={"top_k": Option(TOP_K, minimum=0)},
+    build=lambda setup: NgramDrafter(setup.model.device, int(setup.sampler.config.penalty_window),
+                                     setup.options["top_k"]))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import DraftTree, TreeShape
+from ..tree import DraftTree
 from .base import Budget, Drafter
+from .registry import MethodSpec
 
 MAX_NGRAM = 4
 
@@ -46,15 +47,16 @@ class PromptLookupDrafter(Drafter):
     def __init__(self, device: torch.device):
         self.device = device
         self.index = NgramIndex()
-        self._shapes: dict[int, TreeShape] = {}
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
         self.index.extend(prompt_ids)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         self.index.extend(committed[len(self.index.tokens):])
-        chain = self.index.lookup(budget.chain)
-        shape = self._shapes.get(len(chain))
-        if shape is None:
-            shape = self._shapes[len(chain)] = TreeShape.chain(len(chain), self.device)
-        return DraftTree(shape, torch.tensor([committed[-1], *chain], device=self.device))
+        return DraftTree.chain([committed[-1], *self.index.lookup(budget.chain)], self.device)
+
+
+SPEC = MethodSpec(
+    name="pld", summary="the continuation of the longest earlier match of the last 4..1 tokens "
+    "(prompt lookup)",
+    budget=Budget(5, 4), build=lambda setup: PromptLookupDrafter(setup.model.device))

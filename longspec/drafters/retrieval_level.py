@@ -11,9 +11,12 @@ from __future__ import annotations
 from ..cache import StaticCache
 from ..cache.retrieval import RetrievalCache
 from .chain import ChainModel, root_queries
+from .registry import Option
 
 RETRIEVAL_BUDGET = 4096
 REBUILD_EVERY = 128
+LEVEL_OPTIONS = {"retrieval_budget": Option(RETRIEVAL_BUDGET),
+                 "rebuild_every": Option(REBUILD_EVERY)}
 # rebuild early when this many steps in a row accept no draft token
 STALL_STEPS = 4
 
@@ -21,7 +24,8 @@ STALL_STEPS = 4
 class RetrievalLevel:
     def __init__(self, target, budget: int, rebuild_every: int, slack: int):
         self.target = target
-        cache = RetrievalCache(target.config, budget, rebuild_every + slack, target.dtype, target.device)
+        cache = RetrievalCache(target.config, budget, rebuild_every + slack, target.dtype,
+                               target.device)
         self.chain = ChainModel(target.net, cache)
         self.rebuild_every = rebuild_every
         self.slack = slack

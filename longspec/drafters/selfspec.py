@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import DraftTree, TreeShape
+from ..tree import DraftTree
 from .base import Budget, Drafter
 from .draft_model import AdaptiveGamma
-from .retrieval_level import RetrievalLevel
+from .registry import MethodSpec
+from .retrieval_level import LEVEL_OPTIONS, RetrievalLevel
 
 
 class SelfSpecDrafter(Drafter):
@@ -17,7 +18,6 @@ class SelfSpecDrafter(Drafter):
         self.device = target.device
         self.level = RetrievalLevel(target, budget, rebuild_every, slack=max_depth + 2)
         self.gamma = AdaptiveGamma()
-        self._shapes: dict[int, TreeShape] = {}
         self._limit = max_depth
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
@@ -29,10 +29,19 @@ class SelfSpecDrafter(Drafter):
         self.level.sync(committed)
         drafts, rows = self.level.chain.draft(committed, gamma, self.sampler.chain_choice)
         probs = torch.softmax(torch.cat(rows), dim=-1) if self.sampler.rejection else None
-        if gamma not in self._shapes:
-            self._shapes[gamma] = TreeShape.chain(gamma, self.device)
-        return DraftTree(self._shapes[gamma], torch.tensor([committed[-1], *drafts], device=self.device), probs)
+        return DraftTree.chain([committed[-1], *drafts], self.device, probs)
 
     def observe(self, tree, target_out, verdict) -> None:
         self.level.settle(len(verdict.tokens), verdict.accept_length)
         self.gamma.update(tree.n - 1, verdict.accept_length, self._limit)
+
+    def stats(self) -> dict:
+        return {"retrieval_rebuilds": self.level.rebuilds}
+
+
+SPEC = MethodSpec(
+    name="selfspec",
+    summary="the target over a retrieval KV cache (TriForce without the hierarchy)",
+    budget=Budget(9, 8), samples_drafts=True, options=LEVEL_OPTIONS, stats=("retrieval_rebuilds",),
+    build=lambda s: SelfSpecDrafter(s.model, s.sampler, s.options["retrieval_budget"],
+                                    s.options["rebuild_every"], s.budget.max_depth))

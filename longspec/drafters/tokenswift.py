@@ -18,12 +18,12 @@ from __future__ import annotations
 import torch
 
 from ..cache.partial import PartialCache
-from ..tree import DraftTree, TrieBuilder
+from ..tree import DraftTree, TreeTemplate, TrieBuilder
 from .base import Budget, Drafter
 from .chain import root_queries
-from .heads import resolve_heads
-from .ngram import NgramDrafter
-from .recycling import template
+from .heads import HeadGuesses
+from .ngram import TOP_K, NgramDrafter
+from .registry import MethodSpec, Option
 
 DRAFT_PASSES = ("partial", "verify", "full")
 PARTIAL_MODES = ("dynamic", "static")
@@ -35,7 +35,7 @@ class TokenSwiftDrafter(Drafter):
     def __init__(self, model, heads, sampler, draft_pass: str, partial_budget: int,
                  ngram_top_k: int, heads_nodes: int, partial_mode: str = "dynamic"):
         self.net = model.net
-        self.heads = resolve_heads(model, heads)
+        self.guesses = HeadGuesses(model, heads, sampler)
         self.sampler = sampler
         self.device = model.device
         self.draft_pass = draft_pass
@@ -45,12 +45,9 @@ class TokenSwiftDrafter(Drafter):
         self.partial = (PartialCache(model.config, partial_budget, model.dtype, model.device)
                         if draft_pass == "partial" else None)
         # the heads' part of the tree: the best paths over ranks < HEADS_TOP_K
-        parents, ranks = template(heads_nodes + 1, self.heads.gamma, width=HEADS_TOP_K)
-        depths = [0] * len(parents)
-        for node in range(1, len(parents)):
-            depths[node] = depths[parents[node]] + 1
-        self.heads_parents = [p - 1 for p in parents[1:]]      # -1: hangs off the anchor
-        self.heads_index = list(zip(depths[1:], ranks[1:]))   # (head, rank) of each node
+        tpl = TreeTemplate(heads_nodes + 1, self.guesses.gamma, model.device, HEADS_TOP_K)
+        self.heads_parents = [p - 1 for p in tpl.parents[1:]]          # -1: hangs off the anchor
+        self.heads_index = list(zip(tpl.shape.depths[1:], tpl.ranks[1:]))  # (head, rank) of a node
         self.full = None
         self.hidden: torch.Tensor | None = None
         self.queries: list[torch.Tensor] | None = None
@@ -66,7 +63,8 @@ class TokenSwiftDrafter(Drafter):
         """Bring the partial cache to the committed sequence but the root, ranking it again
         when the new tokens (and the draft pass's scratch slot) no longer fit."""
         pending = self.full.length - self.partial.covered
-        if self.partial.rankings and self.partial.room() < pending + 1 and self.partial_mode == "static":
+        if (self.partial.rankings and self.partial.room() < pending + 1
+            and self.partial_mode == "static"):
             self.partial.restart_tail()
         if self.partial.rankings == 0 or self.partial.room() < pending + 1:
             queries = self.queries or root_queries(self.net, committed, self.full)
@@ -82,15 +80,13 @@ class TokenSwiftDrafter(Drafter):
         if self.draft_pass == "partial":
             self.sync_partial(committed)
             cache = self.partial
-        queries: list[torch.Tensor] = []
         root = len(committed) - 1
         out = self.net(torch.tensor(committed[-1:], device=self.device),
                        torch.tensor([root], device=self.device), cache,
-                       return_hidden=True, queries=queries)
-        self.queries = queries
+                       return_hidden=True, return_queries=True)
+        self.queries = out.queries
         _, first = self.sampler.chain_choice(out.logits, [])
-        logits = self.heads.logits(self.net, out.hidden)[:, 0]
-        return first, torch.topk(self.sampler.guess_scores(logits, 2), HEADS_TOP_K, dim=-1).indices
+        return first, self.guesses.candidates(out.hidden, 2, HEADS_TOP_K)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         self.ngram.sync(committed)
@@ -102,8 +98,7 @@ class TokenSwiftDrafter(Drafter):
         else:
             if self.hidden is None:
                 return trie.build(self.device)
-            logits = self.heads.logits(self.net, self.hidden)[:, 0]
-            cands = torch.topk(self.sampler.guess_scores(logits, 1), HEADS_TOP_K, dim=-1).indices
+            cands = self.guesses.candidates(self.hidden, 1, HEADS_TOP_K)
             anchor = 0
             ngram_first, ngram_parent = committed[-1], 0
         if anchor is None:
@@ -120,3 +115,16 @@ class TokenSwiftDrafter(Drafter):
 
     def stats(self) -> dict:
         return {"partial_rankings": self.partial.rankings} if self.partial is not None else {}
+
+
+SPEC = MethodSpec(
+    name="tokenswift", summary="a draft pass over a dynamic partial KV cache + multi-token heads "
+    "+ n-gram chains, one trie",
+    budget=Budget(12, 4), needs_heads=True, stats=("partial_rankings",),
+    options={"draft_pass": Option(DRAFT_PASSES[0], choices=DRAFT_PASSES),
+             "partial_mode": Option(PARTIAL_MODES[0], choices=PARTIAL_MODES),
+             "partial_budget": Option(PARTIAL_BUDGET), "ngram_top_k": Option(TOP_K, minimum=0),
+             "heads_nodes": Option(39)},
+    build=lambda s: TokenSwiftDrafter(s.model, s.heads, s.sampler, s.options["draft_pass"],
+                                      s.options["partial_budget"], s.options["ngram_top_k"],
+                                      s.options["heads_nodes"], s.options["partial_mode"]))

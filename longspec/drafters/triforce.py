@@ -14,12 +14,13 @@ from __future__ import annotations
 import torch
 
 from ..cache.streaming import StreamingCache
-from ..tree import DraftTree, TreeShape
+from ..tree import DraftTree
 from ..verify import speculative_sample, verify_tree
 from .base import Budget, Drafter
 from .chain import ChainModel
 from .draft_model import check_draft_model
-from .retrieval_level import RetrievalLevel
+from .registry import MethodSpec, Option
+from .retrieval_level import LEVEL_OPTIONS, RetrievalLevel
 
 GAMMA1 = 4
 STREAMING_WINDOW = 512
@@ -38,7 +39,6 @@ class TriForceDrafter(Drafter):
         # room for a window-sized prefill piece on top of a full window
         tiny_cache = StreamingCache(draft.config, window, window + slack, draft.dtype, draft.device)
         self.tiny = ChainModel(draft.net, tiny_cache)
-        self._shapes: dict[int, TreeShape] = {}
         self.middle_drafted = 0
         self.middle_accepted = 0
 
@@ -46,14 +46,10 @@ class TriForceDrafter(Drafter):
         self.level.attach(cache)
         self.tiny.net.set_context(self.context)
         for start in range(0, len(prompt_ids) - 1, self.tiny.cache.window):
-            self.tiny.catch_up(prompt_ids[:min(start + self.tiny.cache.window, len(prompt_ids) - 1)],
+            self.tiny.catch_up(prompt_ids[:min(start + self.tiny.cache.window,
+                                               len(prompt_ids) - 1)],
                                last_logits=0)
             self.tiny.cache.trim()
-
-    def chain_shape(self, n: int) -> TreeShape:
-        if n not in self._shapes:
-            self._shapes[n] = TreeShape.chain(n, self.device)
-        return self._shapes[n]
 
     def middle_step(self, sequence: list[int], collected: list[int], gamma1: int
                     ) -> tuple[list[int], torch.Tensor]:
@@ -63,7 +59,7 @@ class TriForceDrafter(Drafter):
         drafts, rows = self.tiny.draft(sequence, gamma1, sampler.chain_choice, ahead=len(collected))
         start = mid.fed
         logits = mid.feed(sequence[start:] + drafts, last_logits=gamma1 + 1)
-        tree = DraftTree(self.chain_shape(gamma1), torch.tensor([sequence[-1], *drafts], device=self.device))
+        tree = DraftTree.chain([sequence[-1], *drafts], self.device)
         processed, choices = sampler.tree_choices(tree, logits, ahead=collected)
         mid_probs = torch.softmax(processed, dim=-1)
         if sampler.rejection:
@@ -93,8 +89,7 @@ class TriForceDrafter(Drafter):
             probs.append(mid_probs)
         collected = collected[:gamma2]
         draft_probs = torch.cat(probs)[:gamma2] if self.sampler.rejection else None
-        tokens = torch.tensor([committed[-1], *collected], device=self.device)
-        return DraftTree(self.chain_shape(len(collected)), tokens, draft_probs)
+        return DraftTree.chain([committed[-1], *collected], self.device, draft_probs)
 
     def observe(self, tree, target_out, verdict) -> None:
         accepted = verdict.accept_length
@@ -106,3 +101,16 @@ class TriForceDrafter(Drafter):
         drafted = self.middle_drafted
         return {"middle_acceptance_rate": self.middle_accepted / drafted if drafted else 0.0,
                 "retrieval_rebuilds": self.level.rebuilds}
+
+
+SPEC = MethodSpec(
+    name="triforce", summary="a small model over a StreamingLLM cache -> the target over a "
+    "retrieval cache -> full target",
+    budget=Budget(13, 12), needs_draft_model=True, samples_drafts=True,
+    options={**LEVEL_OPTIONS, "gamma1": Option(GAMMA1),
+             "streaming_window": Option(STREAMING_WINDOW)},
+    stats=("middle_acceptance_rate", "retrieval_rebuilds"),
+    build=lambda s: TriForceDrafter(s.model, s.draft_model, s.sampler, s.context,
+                                    s.options["retrieval_budget"], s.options["rebuild_every"],
+                                    s.budget.max_depth, s.options["gamma1"],
+                                    s.options["streaming_window"]))

@@ -40,7 +40,8 @@ class MultiTokenHeads(nn.Module):
         self.eps = eps
         self.norms = nn.ParameterList(nn.Parameter(torch.ones(hidden_size)) for _ in range(gamma))
         # zero-initialised: every head starts out repeating the base model's own guess
-        self.proj = nn.ModuleList(nn.Linear(hidden_size, hidden_size, bias=False) for _ in range(gamma))
+        self.proj = nn.ModuleList(nn.Linear(hidden_size, hidden_size, bias=False)
+                                  for _ in range(gamma))
         for p in self.proj:
             nn.init.zeros_(p.weight)
 
@@ -53,8 +54,9 @@ class MultiTokenHeads(nn.Module):
         return out
 
     def logits(self, net, h0: torch.Tensor) -> torch.Tensor:
-        """Logits [gamma, n, vocab] of every head, through the base model's norm and LM head."""
-        return torch.stack([net.hidden_to_logits(h) for h in self(h0)])
+        """Logits [gamma, n, vocab] of every head, through the base model's norm and LM head
+        (one LM-head product for all heads)."""
+        return net.hidden_to_logits(torch.cat(self(h0))).view(self.gamma, h0.shape[0], -1)
 
     def save(self, out_dir: Path, model, extra: dict | None = None) -> None:
         from safetensors.torch import save_file

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..cache import StaticCache, causal_mask
+from ..text import read_text_file
+from ..training import warmup_cosine
 from .module import GAMMA, MultiTokenHeads
 
 TARGETS = ("text", "distill")
@@ -57,27 +59,23 @@ def read_token_stream(model, files: list[str | Path]) -> torch.Tensor:
         raise ValueError("give at least one --data file")
     ids: list[int] = []
     for f in files:
-        path = Path(f)
-        if not path.is_file():
-            raise ValueError(f"data file {str(f)!r} not found")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ValueError(f"data file {str(f)!r} is not UTF-8 text") from None
-        ids.extend(model.tokenizer(text)["input_ids"])
+        ids.extend(model.tokenizer(read_text_file(f, "data file"))["input_ids"])
     return torch.tensor(ids, dtype=torch.long)
 
 
-def base_outputs(model, batch: torch.Tensor, want_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Hidden states [B, T, hidden] (fp32) and, optionally, logits [B, T, vocab] of the frozen base."""
+def base_outputs(model, batch: torch.Tensor,
+                 want_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Hidden states [B, T, hidden] (fp32) and, optionally, logits [B, T, vocab] of the frozen
+    base."""
     net = model.net
     hidden, logits = [], []
     seq_len = batch.shape[1]
     mask = causal_mask(seq_len, net.dtype, net.device)
     positions = torch.arange(seq_len, device=net.device)
     for seq in batch:
-        cache = StaticCache.for_model(model.config, seq_len, net.dtype, net.device)
-        out = net(seq.to(net.device), positions, cache, mask, return_hidden=True, need_logits=want_logits)
+        cache = StaticCache(model.config, seq_len, net.dtype, net.device)
+        out = net(seq.to(net.device), positions, cache, mask, return_hidden=True,
+                  need_logits=want_logits)
         hidden.append(out.hidden.float())
         if want_logits:
             logits.append(out.logits.float())
@@ -102,13 +100,6 @@ def heads_loss(heads: MultiTokenHeads, model, batch: torch.Tensor, target: str) 
         else:
             total = total + F.cross_entropy(flat, labels[:, 1 + i:1 + i + span].reshape(-1))
     return total
-
-
-def lr_at(step: int, cfg: HeadsTraining) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def _batch(stream: torch.Tensor, cfg: HeadsTraining, gen: torch.Generator) -> torch.Tensor:
@@ -136,7 +127,8 @@ def train_heads(model, files: list[str | Path], cfg: HeadsTraining, out: str | P
         raise ValueError(f"the data has {len(stream)} tokens; need more than "
                          f"{int(cfg.seq_len / cfg.held_out)} for seq_len {cfg.seq_len}")
     torch.manual_seed(cfg.seed)
-    heads = MultiTokenHeads(model.config.hidden_size, cfg.gamma, model.config.rms_norm_eps).to(model.device)
+    heads = MultiTokenHeads(model.config.hidden_size, cfg.gamma,
+                            model.config.rms_norm_eps).to(model.device)
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     before = evaluate(heads, model, held, cfg)
@@ -145,7 +137,7 @@ def train_heads(model, files: list[str | Path], cfg: HeadsTraining, out: str | P
     bar = tqdm(range(cfg.steps), desc="train heads", disable=not progress, dynamic_ncols=True)
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
+            group["lr"] = warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.lr)
         loss = heads_loss(heads, model, _batch(train, cfg, gen), cfg.target)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -78,12 +78,14 @@ def _rope_from_hf(d: dict) -> RopeConfig:
     else:
         params = dict(params)
     if params and all(isinstance(v, dict) for v in params.values()):
-        raise ValueError("per-layer-type RoPE parameters are not supported by the Llama-family backend")
+        raise ValueError("per-layer-type RoPE parameters are not supported by the Llama-family "
+                         "backend")
     theta = params.get("rope_theta", d.get("rope_theta", DEFAULT_ROPE_THETA))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"unsupported RoPE type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
-    original = params.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
+    original = params.get("original_max_position_embeddings",
+                          d.get("original_max_position_embeddings"))
     if rope_type in ("llama3", "yarn") and original is None:
         original = d["max_position_embeddings"]
     factor = params.get("factor")
@@ -115,7 +117,8 @@ def config_from_hf(d: dict) -> ModelConfig:
     model_type = d.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"model type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"model type {model_type!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     act = d.get("hidden_act", "silu")
     if act != "silu":
@@ -124,13 +127,15 @@ def config_from_hf(d: dict) -> ModelConfig:
         raise ValueError("partial_rotary_factor other than 1.0 is not supported")
     try:
         heads = d["num_attention_heads"]
-        head_dim = d.get("head_dim") or (128 if model_type == "qwen3" else d["hidden_size"] // heads)
+        head_dim = d.get("head_dim") or (128 if model_type == "qwen3"
+                                         else d["hidden_size"] // heads)
         sliding = d.get("sliding_window")
         if model_type in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
             sliding = None
         kv_heads = d.get("num_key_value_heads") or heads
         if heads % kv_heads:
-            raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+            raise ValueError(f"num_attention_heads {heads} is not a multiple of "
+                             f"num_key_value_heads {kv_heads}")
         return ModelConfig(
             model_type=model_type,
             vocab_size=d["vocab_size"],
@@ -156,7 +161,8 @@ def config_from_hf(d: dict) -> ModelConfig:
 def read_config(model_dir: Path) -> ModelConfig:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
-        raise ValueError(f"{model_dir} has no config.json: pass a Hugging Face checkpoint directory")
+        raise ValueError(f"{model_dir} has no config.json: "
+                         "pass a Hugging Face checkpoint directory")
     try:
         d = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -134,7 +134,8 @@ def _layer_weights(t: dict[str, torch.Tensor], i: int, c: ModelConfig) -> dict[s
             raise ValueError(f"checkpoint lacks tensor '{p + name}'")
         w = t[p + name]
         if shape is not None and tuple(w.shape) != shape:
-            raise ValueError(f"tensor '{p + name}' has shape {tuple(w.shape)}, config implies {shape}")
+            raise ValueError(f"tensor '{p + name}' has shape {tuple(w.shape)}, "
+                             f"config implies {shape}")
         return w
 
     def opt(name: str) -> torch.Tensor | None:

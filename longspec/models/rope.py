@@ -24,7 +24,8 @@ def _llama3(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     high_wavelen = original / rope.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-    smooth = (original / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smooth = ((original / wavelen - rope.low_freq_factor)
+              / (rope.high_freq_factor - rope.low_freq_factor))
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, smoothed, scaled)
@@ -38,7 +39,8 @@ def _yarn(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
     if rope.attention_factor is not None:
         attention = float(rope.attention_factor)
     elif rope.mscale and rope.mscale_all_dim:
-        attention = _yarn_mscale(rope.factor, rope.mscale) / _yarn_mscale(rope.factor, rope.mscale_all_dim)
+        attention = (_yarn_mscale(rope.factor, rope.mscale)
+                     / _yarn_mscale(rope.factor, rope.mscale_all_dim))
     else:
         attention = _yarn_mscale(rope.factor)
 

@@ -18,14 +18,14 @@ from ..cache.base import AttentionPlan, KVCache
 from .config import ModelConfig
 from .rope import apply_rope, rope_cos_sin, rope_frequencies
 
-# Largest attention score buffer a prefill chunk may build, in bytes.
-PREFILL_SCORE_BYTES = 256 * 2**20
-
 
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor | None   # [n, vocab] for the requested positions
     hidden: torch.Tensor | None   # [q, hidden] before the final norm, when asked for
+    # each layer's rotated query of the last token [heads, head_dim], when asked for (caches
+    # that keep a subset of the history rank keys with them)
+    queries: list[torch.Tensor] | None = None
 
 
 def _frozen(t: torch.Tensor | None) -> nn.Parameter | None:
@@ -39,7 +39,8 @@ def transposed_layout(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.float32 and device.type == "cpu"
 
 
-def project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, transposed: bool) -> torch.Tensor:
+def project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+            transposed: bool) -> torch.Tensor:
     """x @ W^T + b, for W kept as [out, in] or (transposed) as [in, out]."""
     if not transposed:
         return F.linear(x, w, b)
@@ -67,8 +68,9 @@ class Block(nn.Module):
         self.w_down = _frozen(w["w_down"])
         self.b_down = _frozen(w.get("b_down"))
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan,
-                queries: list | None = None):
+    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's output [q, hidden] and its rotated queries [q, heads, head_dim]."""
         c = self.config
         q_len = x.shape[0]
         eps = c.rms_norm_eps
@@ -80,17 +82,16 @@ class Block(nn.Module):
         v = qkv[:, nq + nkv:].view(q_len, c.num_kv_heads, c.head_dim)
         if self.q_norm is not None:
             qk = torch.cat([F.rms_norm(qk[:, :c.num_heads], (c.head_dim,), self.q_norm, eps),
-                            F.rms_norm(qk[:, c.num_heads:], (c.head_dim,), self.k_norm, eps)], dim=1)
+                            F.rms_norm(qk[:, c.num_heads:], (c.head_dim,), self.k_norm, eps)],
+                           dim=1)
         qk = apply_rope(qk, cos, sin)            # queries and keys rotated in one go
         q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
-        if queries is not None:
-            queries.append(q[-1])
         keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
         out = grouped_attention(q, keys, values, plan, c.head_dim ** -0.5)
         x = x + project(out, self.wo, self.bo, t)
         h = F.rms_norm(x, (c.hidden_size,), self.mlp_norm, eps)
         gate, up = project(h, self.w_gate_up, self.b_gate_up, t).chunk(2, dim=-1)
-        return x + project(F.silu(gate) * up, self.w_down, self.b_down, t)
+        return x + project(F.silu(gate) * up, self.w_down, self.b_down, t), q
 
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -165,26 +166,23 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 mask: torch.Tensor | None = None, logits_index: torch.Tensor | slice | None = None,
                 return_hidden: bool = False, need_logits: bool = True,
-                queries: list | None = None) -> ForwardOutput:
+                return_queries: bool = False) -> ForwardOutput:
         """Run q new tokens [q] at `positions` [q] against `cache`.
 
         `mask` is the additive [q, q] mask of the block (causal, or a draft tree's ancestors);
         None lets every new token see the whole block. `logits_index` selects the positions
-        whose logits are computed (default: all). A `queries` list receives each layer's
-        rotated query of the last token [heads, head_dim], for cache selection.
+        whose logits are computed (default: all).
         """
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, self.dtype)
         plan = cache.plan(tokens.shape[0], mask)
         x = F.embedding(tokens, self.embed)
+        queries = [] if return_queries else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, i, cache, plan, queries)
+            x, q = layer(x, cos, sin, i, cache, plan)
+            if queries is not None:
+                queries.append(q[-1])
         logits = None
         if need_logits:
             selected = x if logits_index is None else x[logits_index]
             logits = self.hidden_to_logits(selected)
-        return ForwardOutput(logits, x if return_hidden else None)
-
-    def prefill_chunk(self, n_keys: int) -> int:
-        """Tokens per prefill chunk so that the score buffer stays under PREFILL_SCORE_BYTES."""
-        per_token = self.config.num_heads * max(n_keys, 1) * 4
-        return int(max(16, min(1024, PREFILL_SCORE_BYTES // per_token)))
+        return ForwardOutput(logits, x if return_hidden else None, queries)

@@ -10,7 +10,8 @@ import sysconfig
 from pathlib import Path
 
 # Folders of the standard library that are test suites or hold third-party code.
-EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
+                           "__pycache__"})
 
 
 def stdlib_dir() -> Path:

@@ -8,7 +8,6 @@ checkpoints that both transformers and longspec's own backend load.
 from __future__ import annotations
 
 import json
-import math
 import platform
 import shutil
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..training import warmup_cosine
 from .data import read_texts, stdlib_dir, stdlib_sources
 from .tokenizer import train_tokenizer
 
@@ -57,14 +57,6 @@ def tokenize_corpus(tokenizer, texts: list[str]) -> torch.Tensor:
     return torch.tensor(stream, dtype=torch.long)
 
 
-def lr_at(step: int, spec: DemoSpec) -> float:
-    """Linear warmup, then cosine decay to a tenth of the peak."""
-    if step < spec.warmup_steps:
-        return spec.lr * (step + 1) / spec.warmup_steps
-    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def _batch(stream: torch.Tensor, spec: DemoSpec, gen: torch.Generator) -> torch.Tensor:
     starts = torch.randint(0, len(stream) - spec.context - 1, (spec.batch_size,), generator=gen)
     return torch.stack([stream[s : s + spec.context] for s in starts.tolist()])
@@ -101,7 +93,8 @@ def train_model(spec: DemoSpec, tokenizer, train: torch.Tensor, val: torch.Tenso
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [{"params": decay, "weight_decay": spec.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
         lr=spec.lr, betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(seed)
@@ -110,7 +103,7 @@ def train_model(spec: DemoSpec, tokenizer, train: torch.Tensor, val: torch.Tenso
     bar = tqdm(range(spec.steps), desc=f"train {spec.name}", dynamic_ncols=True)
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, spec)
+            group["lr"] = warmup_cosine(step, spec.steps, spec.warmup_steps, spec.lr, floor=0.1)
         x = _batch(train, spec, gen)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(input_ids=x, labels=x).loss
@@ -133,7 +126,8 @@ def train_model(spec: DemoSpec, tokenizer, train: torch.Tensor, val: torch.Tenso
         "spec": asdict(spec), "parameters": params, "train_tokens": len(train),
         "tokens_seen": spec.steps * spec.batch_size * spec.context,
         "seconds": round(seconds, 1), "final_val_loss": log[-1].get("val_loss"),
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+        "machine": f"{platform.processor() or platform.machine()}, "
+                   f"{torch.get_num_threads()} threads",
         "torch": torch.__version__, "log": log,
     }
     (out_dir / "training.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -162,6 +156,7 @@ def build_demo_models(out_root: Path, target_steps: int | None = None,
         out.mkdir(parents=True, exist_ok=True)
         records[spec.name] = train_model(spec, tokenizer, train, val, out, seed)
         print(f"{spec.name}: {records[spec.name]['parameters']} parameters, "
-              f"{records[spec.name]['seconds']:.0f} s, val loss {records[spec.name]['final_val_loss']}")
+              f"{records[spec.name]['seconds']:.0f} s, "
+              f"val loss {records[spec.name]['final_val_loss']}")
     shutil.rmtree(tok_dir)
     return records

@@ -1,0 +1,54 @@
+"""`longspec bench`: methods and transformers' generate side by side."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .flags import load_optional, model_flags, sampling_flags, sampling_from_args
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="benchmark methods and transformers side by side")
+    b.add_argument("model", help="checkpoint directory or bundled name")
+    b.add_argument("--methods", default="ar,pld,recycling,hf",
+                   help="comma-separated: our methods (NAME or NAME[key=value,...]) and hf, "
+                   "hf-pld, hf-assisted")
+    b.add_argument("--gen-lens", default="256,1024", help="comma-separated numbers of new tokens")
+    b.add_argument("--prompt-len", type=int, default=1024)
+    b.add_argument("--prompt-file", help="prompt text (default: held-out Python source)")
+    b.add_argument("--runs", type=int, default=1)
+    b.add_argument("--out", default="bench-out")
+    b.add_argument("--draft-model", help="draft model (draft, triforce, hf-assisted)")
+    b.add_argument("--heads", help="multi-token heads directory (heads, tokenswift)")
+    b.add_argument("--option", action="append", default=[], metavar="[METHOD:]KEY=VALUE")
+    b.add_argument("--no-progress", action="store_true")
+    sampling_flags(b)
+    model_flags(b)
+    b.set_defaults(run=run)
+
+
+def int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
+def run(args) -> int:
+    from ..bench.main import run_bench
+    from ..models import load_model
+
+    sampling = sampling_from_args(args)
+    gen_lens = int_list(args.gen_lens, "--gen-lens")
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    draft = load_optional(args.draft_model, args.dtype, args.device)
+    methods = [m for m in re.split(r",(?![^\[]*\])", args.methods) if m.strip()]
+    written = run_bench(model, draft_model=draft, heads=args.heads, methods=methods,
+                        gen_lens=gen_lens, prompt_len=args.prompt_len,
+                        prompt_file=args.prompt_file, sampling=sampling, seed=args.seed,
+                        runs=args.runs, out=Path(args.out), options=args.option,
+                        progress=not args.no_progress)
+    print(Path(args.out, "results.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0

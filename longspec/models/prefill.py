@@ -1,0 +1,56 @@
+"""Running many known tokens into a cache: the one prefill loop, for the target's prompt, a
+draft model catching up with the sequence, and the benchmarks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..cache.base import causal_mask
+from ..cache.full import StaticCache
+from .transformer import ForwardOutput, Transformer
+
+# Largest attention score buffer a prefill chunk may build, in bytes, and most tokens a chunk.
+PREFILL_SCORE_BYTES = 256 * 2**20
+MAX_CHUNK = 1024
+
+
+def chunk_size(net: Transformer, n_keys: int) -> int:
+    """Tokens per chunk so that the fp32 score buffer over `n_keys` keys stays bounded."""
+    per_token = net.config.num_heads * max(n_keys, 1) * 4
+    return int(max(16, min(MAX_CHUNK, PREFILL_SCORE_BYTES // per_token)))
+
+
+def prefill(net: Transformer, tokens: list[int] | torch.Tensor, cache: StaticCache,
+            first_position: int,
+            *, last_logits: int = 0, need_logits: bool = False, return_hidden: bool = False,
+            on_chunk: Callable[[torch.Tensor, ForwardOutput], None] | None = None
+            ) -> torch.Tensor | None:
+    """Run `tokens` [n] at positions first_position.. into `cache` and commit them, in causal
+    chunks whose attention scores stay under PREFILL_SCORE_BYTES.
+
+    Returns the logits [last_logits, vocab] after the last tokens (None when last_logits is 0).
+    `on_chunk(chunk tokens, output)` sees every chunk's output, with logits for each of its
+    tokens when `need_logits` and hidden states when `return_hidden`.
+    """
+    ids = torch.as_tensor(tokens, dtype=torch.long, device=net.device)
+    n = ids.shape[0]
+    logits = None
+    done = 0
+    while done < n:
+        q = min(n - done, chunk_size(net, cache.length + min(n - done, MAX_CHUNK)))
+        start = first_position + done
+        positions = torch.arange(start, start + q, device=net.device)
+        last = done + q == n and last_logits > 0
+        index = slice(-last_logits, None) if last and not need_logits else None
+        out = net(ids[done:done + q], positions, cache,
+                  causal_mask(q, net.dtype, net.device) if q > 1 else None,
+                  logits_index=index, need_logits=need_logits or last, return_hidden=return_hidden)
+        if on_chunk is not None:
+            on_chunk(ids[done:done + q], out)
+        if last:
+            logits = out.logits[-last_logits:]
+        cache.commit(q)
+        done += q
+    return logits

@@ -1,0 +1,53 @@
+"""The counters of one generation, and the statistics derived from them (one definition for the
+engine's result, the progress bar and the benchmark)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Stats:
+    method: str
+    device: str
+    dtype: str
+    steps: int = 0                   # verify forwards
+    drafted_tokens: int = 0          # draft tokens offered, on the accepted-length axis
+    accepted_draft_tokens: int = 0   # accepted draft tokens that were committed
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    verify_forward_s: float = 0.0    # time in the verify forwards (CPU only: CUDA is asynchronous)
+    peak_memory_bytes: int = 0       # see memory.PeakMemory
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens (TokenSwift's alpha); None when nothing was drafted."""
+        return self.accepted_draft_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """New tokens per verify step, the bonus token included (as Spec-Bench and vLLM count)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "steps": self.steps,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_draft_tokens": self.accepted_draft_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "tokens_per_s": self.tokens_per_s,
+            "verify_forward_s": self.verify_forward_s if self.device == "cpu" else None,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "method": self.method,
+            "device": self.device,
+            "dtype": self.dtype,
+        }
