@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import torch
 
+from .noise import PositionNoise
 from .penalty import PenaltyWindow
-from .sampling import PositionNoise, SamplingConfig, process_logits, select_tokens
+from .sampling import SamplingConfig, process_logits, select_tokens
 from .tree import DraftTree
 
 
 class Sampler:
-    def __init__(self, config: SamplingConfig, seed: int, vocab_size: int, device: torch.device,
-                 rejection: bool = False):
+    def __init__(self, config: SamplingConfig, seed: int, prompt_ids: list[int], vocab_size: int,
+                 device: torch.device, rejection: bool = False):
         self.config = config
         self.seed = seed
         self.device = device
         self.rejection = rejection and not config.greedy
-        self.noise = None if config.greedy else PositionNoise(seed, vocab_size, device)
+        self.noise = (None if config.greedy
+                      else PositionNoise(seed, prompt_ids, vocab_size, device))
         self.penalty = (PenaltyWindow(int(config.penalty_window), vocab_size, device)
                         if config.uses_penalty else None)
         self.rng = torch.Generator(device=device)

@@ -4,8 +4,9 @@ Processing order, used by plain decoding, by drafters and by verification alike:
 contextual penalty -> temperature -> top-k -> top-p -> min-p -> eta.
 
 The sample for absolute position t is argmax(processed logits + g_t), where the Gumbel noise
-g_t depends on (seed, t) only. Plain decoding and tree verification therefore pick the same
-token at every position, which makes "lossless" checkable token by token.
+g_t depends on (seed, prompt, t) only (noise.py). Plain decoding and tree verification
+therefore pick the same token at every position, which makes "lossless" checkable token by
+token.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
-
-_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -103,64 +102,34 @@ def process_logits(logits: torch.Tensor, cfg: SamplingConfig,
 NUCLEUS_CANDIDATES = 64
 
 
+def _nucleus_threshold(ordered: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest kept probability [n, 1] of rows sorted in descending order [n, k] (a token
+    is kept when the mass before it is below top_p), and whether every one of the k was kept
+    (the nucleus may then reach past them)."""
+    kept = ((torch.cumsum(ordered, dim=-1) - ordered) < top_p).sum(-1, keepdim=True)
+    return ordered.gather(-1, kept - 1), kept[:, 0] == ordered.shape[-1]
+
+
+def _sorted_descending(probs: torch.Tensor) -> torch.Tensor:
+    if probs.device.type == "cpu":
+        return torch.from_numpy(np.ascontiguousarray(np.sort(probs.numpy(), axis=-1)[:, ::-1]))
+    return torch.sort(probs, dim=-1, descending=True).values
+
+
 def _outside_nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Bool mask of the tokens outside the nucleus: the most likely tokens whose mass before
-    them is below top_p (at an exact tie on the boundary, every tied token stays)."""
+    """Bool mask of the tokens outside the nucleus: a token stays when its probability is at
+    least that of the last token whose mass before it is below top_p, so tokens tied on the
+    boundary all stay. Each row's answer depends on that row alone: on a CPU it comes from the
+    row's top candidates when the nucleus lies within them, else from a full sort."""
     probs = torch.softmax(x, dim=-1)
-    k = min(NUCLEUS_CANDIDATES, x.shape[-1])
-    top, order = torch.topk(probs, k, dim=-1)
-    mass_before = torch.cumsum(top, dim=-1) - top
-    # the shortcut needs a host check, which costs nothing on a CPU and a sync on a GPU
-    if k == x.shape[-1] or (x.device.type == "cpu"
-                            and bool((mass_before[:, -1] + top[:, -1] >= top_p).all())):
-        outside = torch.ones_like(x, dtype=torch.bool)
-        return outside.scatter_(-1, order, mass_before >= top_p)
-    if x.device.type == "cpu":
-        ordered = torch.from_numpy(np.ascontiguousarray(np.sort(probs.numpy(), axis=-1)[:, ::-1]))
-    else:
-        ordered = torch.sort(probs, dim=-1, descending=True).values
-    last_kept = ((torch.cumsum(ordered, dim=-1) - ordered) < top_p).sum(-1, keepdim=True) - 1
-    return probs < ordered.gather(-1, last_kept)
-
-
-def position_seed(seed: int, position: int) -> int:
-    """A 63-bit generator seed mixing (seed, position) with splitmix64."""
-    z = ((seed & _MASK64) * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) >> 1
-
-
-class PositionNoise:
-    """Gumbel noise g_t [vocab] for absolute position t, a function of (seed, t) alone.
-
-    Each position's noise is drawn once and kept until `forget_before` passes it.
-    """
-
-    def __init__(self, seed: int, vocab_size: int, device: torch.device):
-        self.seed = seed
-        self.vocab_size = vocab_size
-        self.device = device
-        self._noise: dict[int, torch.Tensor] = {}
-
-    def _draw(self, position: int) -> torch.Tensor:
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(position_seed(self.seed, position))
-        u = torch.rand(self.vocab_size, generator=gen, device=self.device)
-        return -torch.log(-torch.log(u.clamp_min(1e-20)))
-
-    def rows(self, first: int, count: int) -> torch.Tensor:
-        """Noise for positions first .. first + count - 1, stacked [count, vocab]."""
-        out = []
-        for t in range(first, first + count):
-            if t not in self._noise:
-                self._noise[t] = self._draw(t)
-            out.append(self._noise[t])
-        return torch.stack(out)
-
-    def forget_before(self, position: int) -> None:
-        for t in [t for t in self._noise if t < position]:
-            del self._noise[t]
+    if x.device.type != "cpu" or x.shape[-1] <= NUCLEUS_CANDIDATES:
+        return probs < _nucleus_threshold(_sorted_descending(probs), top_p)[0]
+    top = torch.topk(probs, NUCLEUS_CANDIDATES, dim=-1).values
+    threshold, beyond = _nucleus_threshold(top, top_p)
+    if bool(beyond.any()):
+        rows = beyond.nonzero()[:, 0]
+        threshold[rows] = _nucleus_threshold(_sorted_descending(probs[rows]), top_p)[0]
+    return probs < threshold
 
 
 def select_tokens(processed: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:

@@ -3,6 +3,7 @@ work."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from helpers import make_checkpoint
@@ -27,7 +28,8 @@ def model(ckpt):
     ({"method": "nope"}, "unknown method 'nope'"),
     ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
     ({"max_new_tokens": -5}, "max_new_tokens"),
-    ({"max_new_tokens": 2.5}, "max_new_tokens"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
+    ({"max_new_tokens": True}, "max_new_tokens must be an integer"),
     ({"sampling": longspec.SamplingConfig(top_p=float("nan"))}, "top_p"),
     ({"sampling": longspec.SamplingConfig(temperature=-1)}, "temperature"),
     ({"prompt": []}, "empty"),
@@ -35,14 +37,34 @@ def model(ckpt):
     ({"prompt": [-1]}, "outside the vocabulary"),
     ({"prompt": "hello"}, "no tokenizer"),
     ({"max_new_tokens": 60}, "exceeds the model's context of 64"),
+    ({"prompt": list(range(64))}, "the prompt is too long: 64 tokens"),
     ({"seed": -1}, "seed"),
+    ({"seed": 2**63}, "seed must be in 0 .. 2\\^63 - 1"),
+    ({"seed": 1.0}, "seed must be an integer"),
     ({"verify": "maybe"}, "verify"),
     ({"stop": [""]}, "stop"),
+    ({"sampling": {"temperature": 0}}, "sampling must be a longspec.SamplingConfig"),
+    ({"options": [("max_nodes", 3)]}, "options must be a mapping"),
+    ({"prompt": b"hello"}, "the prompt is bytes"),
+    ({"prompt": [1.5, 2]}, "the prompt must be text, a list of token ids or"),
+    ({"prompt": [{"role": "user", "content": "hi"}]}, "no chat template"),
+    ({"method": "pld", "draft_model": "x"}, "method 'pld' takes no draft model"),
+    ({"method": "ar", "heads": "x"}, "method 'ar' takes no heads"),
+    ({"method": "pld", "verify": "rejection"}, "does not sample its drafts"),
+    ({"temperatur": 0}, "unexpected keyword argument 'temperatur'"),
 ])
 def test_api_rejects_bad_arguments_before_work(model, kwargs, match):
     args = {"prompt": [1, 2, 3, 4, 5], "max_new_tokens": 4, **kwargs}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         longspec.generate(model, **args)
+
+
+def test_numpy_integers_are_accepted_where_ints_are(model):
+    ref = longspec.generate(model, [1, 2, 3], max_new_tokens=4, seed=5, ignore_eos=True)
+    res = longspec.generate(model, np.array([1, 2, 3]), max_new_tokens=np.int64(4),
+                            seed=np.int32(5), stop=[np.int64(model.config.vocab_size - 1)],
+                            ignore_eos=True)
+    assert res.token_ids[:len(ref.token_ids)] == ref.token_ids[:len(res.token_ids)]
 
 
 def test_kv_cache_beyond_free_memory_is_refused_before_allocating(tmp_path):

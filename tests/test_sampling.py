@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from longspec.sampling import PositionNoise, SamplingConfig, process_logits, select_tokens
+from longspec.noise import PositionNoise, gumbel_rows, noise_key
+from longspec.sampling import SamplingConfig, process_logits, select_tokens
 
 NEG = float("-inf")
 
@@ -87,16 +88,39 @@ def test_processors_apply_in_order_penalty_temperature_topk_topp_minp():
     assert torch.equal(process_logits(x, cfg, present), y)
 
 
-def test_position_noise_depends_only_on_seed_and_position():
-    a, b = PositionNoise(7, 100, torch.device("cpu")), PositionNoise(7, 100, torch.device("cpu"))
+CPU = torch.device("cpu")
+
+
+def test_position_noise_depends_only_on_seed_prompt_and_position():
+    a, b = PositionNoise(7, [1, 2, 3], 100, CPU), PositionNoise(7, [1, 2, 3], 100, CPU)
     assert torch.equal(a.rows(10, 3)[1], b.rows(11, 1)[0])
     assert not torch.equal(a.rows(10, 1), a.rows(11, 1))
-    assert not torch.equal(PositionNoise(8, 100, torch.device("cpu")).rows(10, 1), a.rows(10, 1))
+    assert not torch.equal(PositionNoise(8, [1, 2, 3], 100, CPU).rows(10, 1), a.rows(10, 1))
+    assert not torch.equal(PositionNoise(7, [1, 2, 4], 100, CPU).rows(10, 1), a.rows(10, 1))
+
+
+def test_noise_rows_are_uniform_gumbel_and_independent_across_prompts():
+    vocab = 4096
+    rows = gumbel_rows(noise_key(0, [5, 6]), torch.arange(200), vocab)
+    u = torch.exp(-torch.exp(-rows.double()))            # back to the uniforms
+    assert abs(u.mean().item() - 0.5) < 0.005 and abs(u.var().item() - 1 / 12) < 0.002
+    other = gumbel_rows(noise_key(0, [5, 7]), torch.arange(200), vocab)
+    # the same seed on another prompt: Gumbel-max picks over a flat row agree by chance only
+    same = (rows.argmax(-1) == other.argmax(-1)).float().mean().item()
+    assert same < 0.02
+    assert torch.corrcoef(torch.stack([rows.flatten(), other.flatten()]))[0, 1].abs() < 0.01
+
+
+def test_noise_is_the_same_for_any_batch_of_positions():
+    key = noise_key(3, [1])
+    together = gumbel_rows(key, torch.tensor([4, 9, 2]), 500)
+    alone = torch.cat([gumbel_rows(key, torch.tensor([t]), 500) for t in (4, 9, 2)])
+    assert torch.equal(together, alone)
 
 
 def test_gumbel_max_samples_follow_softmax():
     x = torch.tensor([[0.0, 1.0, 2.0]])
-    noise = PositionNoise(0, 3, torch.device("cpu"))
+    noise = PositionNoise(0, [1], 3, CPU)
     picks = torch.stack([select_tokens(x, noise.rows(t, 1)) for t in range(6000)]).flatten()
     freq = torch.bincount(picks, minlength=3).float() / 6000
     assert torch.allclose(freq, torch.softmax(x[0], -1), atol=0.03)
@@ -123,3 +147,24 @@ def test_top_p_on_large_vocabulary_equals_sort_formula(scale):
     extra = kept(out) & ~ref
     boundary = torch.where(ref, probs, torch.inf).min(-1, keepdim=True).values
     assert (kept(out) | ~ref).all() and (probs[extra] == boundary.expand_as(probs)[extra]).all()
+
+
+def test_top_p_keeps_every_token_tied_on_the_boundary_whatever_else_is_in_the_batch():
+    vocab = 200
+    tied = torch.full((vocab,), -30.0)
+    tied[:3] = torch.log(torch.tensor([0.4, 0.3, 0.3]))
+    flat = torch.zeros(vocab)                      # its nucleus reaches past the top candidates
+    cfg = SamplingConfig(top_p=0.5)
+    alone = kept(process_logits(tied[None], cfg))[0]
+    batched = kept(process_logits(torch.stack([tied, flat]), cfg))[0]
+    assert alone[:3].all() and alone.sum() == 3
+    assert torch.equal(alone, batched)
+
+
+def test_top_p_row_answer_does_not_depend_on_the_batch():
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(16, 3000, generator=g) * torch.tensor([0.01, 8.0] * 8)[:, None]
+    cfg = SamplingConfig(top_p=0.9)
+    together = process_logits(rows, cfg)
+    alone = torch.cat([process_logits(r[None], cfg) for r in rows])
+    assert torch.equal(together, alone)

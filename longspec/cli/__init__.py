@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, OSError) as e:
+    except (ValueError, TypeError, OSError) as e:
         print(f"longspec: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from pathlib import Path
 
 from ..drafters import METHODS, check_arguments, get_method
 from ..drafters.registry import MethodSpec, parse_assignment
 from ..sampling import SamplingConfig
+from ..text import read_text_file
 
 
 class Parser(argparse.ArgumentParser):
@@ -68,3 +72,52 @@ def load_optional(path: str | None, dtype: str, device: str):
     from ..models import load_model
 
     return None if path is None else load_model(path, dtype=dtype, device=device)
+
+
+def prompt_flags(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="file holding the prompt text ('-': standard input)")
+    src.add_argument("--prompt-ids", help="comma-separated token ids (for checkpoints without "
+                     "a tokenizer)")
+    p.add_argument("--chat", action="store_true", help="the prompt is the user's message, "
+                   "formatted with the model's chat template")
+    p.add_argument("--system", help="system message (with --chat)")
+
+
+def prompt_from_args(args):
+    """The prompt for the API: text, token ids, or chat messages."""
+    if args.prompt_ids is not None:
+        if args.chat:
+            raise ValueError("--chat takes --prompt or --prompt-file, not --prompt-ids")
+        try:
+            return [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+        except ValueError:
+            raise ValueError("--prompt-ids takes comma-separated integers, got "
+                             f"{args.prompt_ids!r}") from None
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.prompt_file == "-":
+        text = sys.stdin.read()
+    else:
+        text = read_text_file(args.prompt_file, "prompt file")
+    if args.system is not None and not args.chat:
+        raise ValueError("--system goes with --chat")
+    if not args.chat:
+        return text
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    return [*system, {"role": "user", "content": text}]
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    """Refuse, before any work, an output file that cannot be appended to."""
+    if path is None:
+        return
+    file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"{flag} {path!r} is a directory")
+    target = file if file.exists() else (file.parent if str(file.parent) else Path("."))
+    if not target.exists():
+        raise ValueError(f"{flag} {path!r}: directory {str(target)!r} does not exist")
+    if not os.access(target, os.W_OK):
+        raise ValueError(f"{flag} {path!r} is not writable")

@@ -6,12 +6,14 @@ import contextlib
 import json
 import sys
 
-from ..text import read_text_file
 from .flags import (
+    check_writable,
     load_optional,
     method_flags,
     method_from_args,
     model_flags,
+    prompt_flags,
+    prompt_from_args,
     sampling_flags,
     sampling_from_args,
 )
@@ -19,16 +21,18 @@ from .flags import (
 
 def add_parser(sub) -> None:
     g = sub.add_parser("generate", help="generate text with a model")
-    g.add_argument("model", help="checkpoint directory or bundled name (demo, demo-draft)")
-    src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="file holding the prompt text")
+    g.add_argument("model", help="checkpoint directory, .gguf file, Hub id or bundled name "
+                   "(demo, demo-draft, smollm2)")
+    prompt_flags(g)
     g.add_argument("--max-new-tokens", type=int, default=256)
     method_flags(g)
     sampling_flags(g)
     model_flags(g)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+    g.add_argument("--keep-special", action="store_true", help="keep special tokens in the text")
+    g.add_argument("--include-stop", action="store_true",
+                   help="keep the stop string that ended the run in the text")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
     g.add_argument("--output", help="append the text to FILE as it is generated")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -41,14 +45,15 @@ def run(args) -> int:
 
     sampling = sampling_from_args(args)
     _, options = method_from_args(args)
-    prompt = args.prompt if args.prompt is not None else read_text_file(args.prompt_file,
-                                                                        "prompt file")
+    prompt = prompt_from_args(args)
+    check_writable(args.output, "--output")
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     draft = load_optional(args.draft_model, args.dtype, args.device)
     s = stream(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
                sampling=sampling, seed=args.seed, draft_model=draft, heads=args.heads,
                stop=args.stop, ignore_eos=args.ignore_eos, verify=args.verify,
-               progress=not args.no_progress, options=options)
+               progress=not args.no_progress, options=options, keep_special=args.keep_special,
+               include_stop=args.include_stop)
     interrupted = False
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(args.output, "a", encoding="utf-8")) if args.output else None
@@ -68,7 +73,7 @@ def run(args) -> int:
     if args.json:
         r = s.result
         print(json.dumps({"token_ids": r.token_ids, "text": r.text, "stats": r.stats,
-                          "interrupted": interrupted}))
+                          "finish_reason": r.finish_reason, "prompt_tokens": r.prompt_tokens}))
     else:
         sys.stdout.write("\n")
     if interrupted:

@@ -1,0 +1,86 @@
+"""Position-keyed Gumbel noise from a counter-based hash.
+
+The sample at absolute position t is argmax(processed logits + g_t), with
+
+    g_t[v] = -log(-log(u)),   u = (h + 1/2) / 2^32,   h = H(key, t, v)
+
+where H is a 32-bit integer hash and key mixes the seed with a hash of the prompt's token ids.
+So the noise depends on (seed, prompt, position) alone: plain decoding, tree verification and
+draft models that sample all see the same g_t (which makes speculation checkable token by
+token), and two different prompts with the same seed draw independent samples. H is integer
+arithmetic on int64 tensors whose products stay below 2^63, so it gives the same bits on every
+device; the logarithms run in float64 and round to float32, so the noise is the same on CPU and
+CUDA except where two float64 results straddle a float32 rounding boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_MASK64 = (1 << 64) - 1
+_MULT = 0x045D9F3B          # odd, below 2^31: products of 32-bit values fit in int64
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit integer hash of int64 tensors holding values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * _MULT) & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * _MULT) & _MASK32
+    return x ^ (x >> 16)
+
+
+def splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def prompt_hash(prompt_ids: list[int]) -> int:
+    """A 64-bit hash of the prompt's token ids."""
+    data = b"".join(int(t).to_bytes(8, "little", signed=True) for t in prompt_ids)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def noise_key(seed: int, prompt_ids: list[int]) -> int:
+    """The 64-bit key of a generation's noise: (seed, prompt) mixed."""
+    return splitmix64((seed & _MASK64) ^ splitmix64(prompt_hash(prompt_ids)))
+
+
+def gumbel_rows(key: int, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Gumbel noise [len(positions), vocab] (float32) for absolute `positions`, on their device."""
+    device = positions.device
+    lo, hi = key & _MASK32, key >> 32
+    p = _mix32(_mix32((positions.to(torch.int64) & _MASK32) ^ lo) ^ hi)[:, None]   # [m, 1]
+    q = _mix32(p ^ 0x5BD1E995)                                                      # [m, 1]
+    v = torch.arange(vocab_size, dtype=torch.int64, device=device)
+    h = _mix32((_mix32(v ^ p) + q) & _MASK32)                                       # [m, vocab]
+    u = (h.double() + 0.5) * 2.0**-32
+    return (-torch.log(-torch.log(u))).float()
+
+
+class PositionNoise:
+    """The noise rows of one generation, each computed once and kept until committed past."""
+
+    def __init__(self, seed: int, prompt_ids: list[int], vocab_size: int, device: torch.device):
+        self.key = noise_key(seed, prompt_ids)
+        self.vocab_size = vocab_size
+        self.device = device
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def rows(self, first: int, count: int) -> torch.Tensor:
+        """Noise for positions first .. first + count - 1, stacked [count, vocab]."""
+        missing = [t for t in range(first, first + count) if t not in self._rows]
+        if missing:
+            fresh = gumbel_rows(self.key, torch.tensor(missing, device=self.device),
+                                self.vocab_size)
+            self._rows.update(zip(missing, fresh))
+        return torch.stack([self._rows[t] for t in range(first, first + count)])
+
+    def forget_before(self, position: int) -> None:
+        for t in [t for t in self._rows if t < position]:
+            del self._rows[t]

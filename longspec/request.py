@@ -1,0 +1,123 @@
+"""One generation's settings, checked before any work: the record, its checks, the prompt.
+
+Every bad argument raises ValueError (a value out of range) or TypeError (a value of the wrong
+kind) naming the fix, before a cache is allocated or a forward runs.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .models.loader import Model
+from .sampling import SamplingConfig
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `generate` and `stream` take besides the model."""
+
+    prompt: Any                               # text, token ids, or chat messages
+    max_new_tokens: int = 256
+    method: str = "ar"
+    sampling: SamplingConfig | None = None    # None: SamplingConfig() (temperature 1)
+    seed: int = 0                             # 0 .. 2^63 - 1
+    draft_model: Model | None = None
+    heads: Any = None                         # a directory, loaded heads, or None (bundled)
+    stop: Any = None                          # stop strings and token ids
+    ignore_eos: bool = False
+    verify: str = "match"
+    options: Mapping | None = None            # method tuning (max_nodes, max_depth, ...)
+    keep_special: bool = False                # keep special tokens in the text
+    include_stop: bool = False                # keep the stop string that ended the run
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(cls.__dataclass_fields__)
+
+
+def as_int(value, name: str) -> int:
+    """An integer argument; numpy integers welcome, bools and floats refused."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+
+
+def checked_settings(r: Request) -> tuple[int, int, SamplingConfig]:
+    """max_new_tokens, seed and sampling, checked."""
+    n = as_int(r.max_new_tokens, "max_new_tokens")
+    if n <= 0:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {n}")
+    seed = as_int(r.seed, "seed")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be in 0 .. 2^63 - 1, got {seed}")
+    sampling = SamplingConfig() if r.sampling is None else r.sampling
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError("sampling must be a longspec.SamplingConfig, got "
+                        f"{type(sampling).__name__}")
+    if r.options is not None and not isinstance(r.options, Mapping):
+        raise TypeError(f"options must be a mapping of option names to values, got "
+                        f"{type(r.options).__name__}")
+    for flag in ("ignore_eos", "keep_special", "include_stop"):
+        if not isinstance(getattr(r, flag), bool):
+            raise TypeError(f"{flag} must be True or False")
+    return n, seed, sampling.validate()
+
+
+def _chat_ids(model: Model, messages: list) -> list[int]:
+    tok = model.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise ValueError(f"{model.name} has no chat template: pass the prompt as text or ids")
+    for m in messages:
+        if not (isinstance(m, Mapping) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):
+            raise TypeError('chat messages must be {"role": str, "content": str} mappings, '
+                            f"got {m!r}")
+    return list(tok.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False))
+
+
+def encode_prompt(model: Model, prompt) -> list[int]:
+    """Token ids of a prompt: text (through the tokenizer), chat messages (through its chat
+    template, with the assistant's turn opened), or token ids."""
+    if isinstance(prompt, (bytes, bytearray)):
+        raise TypeError("the prompt is bytes: decode it to text, or pass token ids as a list")
+    if isinstance(prompt, str):
+        if model.tokenizer is None:
+            raise ValueError(f"{model.name} has no tokenizer: pass the prompt as token ids")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        ids = list(model.tokenizer(prompt)["input_ids"])
+    elif isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], Mapping):
+        ids = _chat_ids(model, list(prompt))
+    else:
+        try:
+            ids = [as_int(t, "prompt token ids") for t in prompt]
+        except TypeError:
+            raise TypeError("the prompt must be text, a list of token ids or a list of chat "
+                            "messages") from None
+    if not ids:
+        raise ValueError("the prompt is empty")
+    vocab = model.config.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def check_length(model: Model, prompt_len: int, max_new_tokens: int) -> None:
+    limit = model.config.context_limit
+    if prompt_len >= limit:
+        raise ValueError(f"the prompt is too long: {prompt_len} tokens, and the model's context "
+                         f"holds {limit} positions")
+    if prompt_len + max_new_tokens > limit:
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
+                         f"exceeds the model's context of {limit} positions; lower "
+                         f"max_new_tokens to {limit - prompt_len} or less")
