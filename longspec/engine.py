@@ -1,6 +1,7 @@
 """The decoding loop: prefill, then propose -> verify -> commit until a stop rule fires.
 
     tree = drafter.propose(tokens, budget)      # a draft tree rooted at the last token
+    tree = sizer.choose(tree, draft_seconds)     # the best prefix of a scored tree (sizing.py)
     verdict = verify(tree, target, sampler)      # one target forward over the tree
     new = commit(tree, target, verdict)          # the only place that changes state
 
@@ -21,6 +22,7 @@ from .memory import PeakMemory, ensure_fits
 from .models.loader import Model
 from .models.prefill import prefill
 from .sampler import Sampler
+from .sizing import Calibration, Sizer, StepCost
 from .stats import Stats
 from .stopping import StopRules
 from .tree import DraftTree
@@ -44,6 +46,12 @@ class Engine:
         self.tokens: list[int] = []      # committed: prompt, then new tokens
         self.cache: StaticCache | None = None
         self.done = False
+        # what sizing learns lives with the model, so later generations start informed:
+        # step costs per tree cap, calibration per method and sampling setting
+        state = model.state
+        cost = state.setdefault(("step_cost", budget.max_nodes), StepCost(budget.max_nodes))
+        calibration = state.setdefault(("calibration", method, sampler.config), Calibration())
+        self.sizer = Sizer(cost, calibration)
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -91,6 +99,27 @@ class Engine:
         processed, choices = self.sampler.tree_choices(tree, out.logits)
         return TargetOutput(out, processed, choices)
 
+    def measure_step(self, n: int) -> float:
+        """Seconds of a target step over a throwaway chain of n nodes (its keys land in
+        uncommitted slots; nothing else changes)."""
+        tree = DraftTree.chain(self.tokens[-1:] * n, self.device)
+        self._sync()
+        begin = time.perf_counter()
+        out = self.net(tree.tokens, tree.shape.depth + self.cache.length, self.cache,
+                       tree.shape.mask(self.model.dtype))
+        self.sampler.tree_choices(tree, out.logits)[1].tolist()
+        return time.perf_counter() - begin
+
+    def propose(self) -> DraftTree:
+        """The drafter's tree, cut to the size that pays most when it is scored."""
+        begin = time.perf_counter()
+        tree = self.drafter.propose(self.tokens, self.budget)
+        if tree.scores is None or tree.n == 1:
+            return tree
+        draft_seconds = time.perf_counter() - begin
+        self.sizer.cost.refresh(len(self.tokens), self.measure_step)
+        return self.sizer.choose(tree, draft_seconds)
+
     def commit(self, tree: DraftTree, target: TargetOutput, verdict: Verdict) -> list[int]:
         """Commit the verdict's tokens, cut at a stop rule or at max_new_tokens: keep their keys
         and values, extend the sequence, advance the sampler, let the drafter learn."""
@@ -102,12 +131,14 @@ class Engine:
         if n < len(verdict.tokens):
             verdict = Verdict(verdict.accepted[:n], verdict.tokens[:n])
         self.cache.keep(verdict.accepted)
+        self.sizer.record(tree, verdict.accepted)
         new = verdict.tokens
         self.tokens.extend(new)
         self.sampler.commit(new)
         self.drafter.observe(tree, target, verdict)
         s = self.stats
         s.steps += 1
+        s.verified_nodes += tree.n
         s.drafted_tokens += tree.shape.max_depth
         s.accepted_draft_tokens += accepted_drafts
         s.new_tokens += len(new)
@@ -124,7 +155,7 @@ class Engine:
                 begin = time.perf_counter()
                 try:
                     while not self.done:
-                        tree = self.drafter.propose(self.tokens, self.budget)
+                        tree = self.propose()
                         target = self.target(tree)
                         new = self.commit(tree, target, verify(tree, target, self.sampler))
                         self.stats.decode_s = time.perf_counter() - begin
@@ -132,6 +163,7 @@ class Engine:
                 finally:
                     self._sync()
                     self.stats.decode_s = time.perf_counter() - begin
+                    self.drafter.finish(self.tokens)
         finally:
             self.stats.peak_memory_bytes = memory.peak
 

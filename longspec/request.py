@@ -23,7 +23,7 @@ class Request:
 
     prompt: Any                               # text, token ids, or chat messages
     max_new_tokens: int = 256
-    method: str = "ar"
+    method: str = "auto"
     sampling: SamplingConfig | None = None    # None: SamplingConfig() (temperature 1)
     seed: int = 0                             # 0 .. 2^63 - 1
     draft_model: Model | None = None

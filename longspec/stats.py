@@ -12,6 +12,7 @@ class Stats:
     device: str
     dtype: str
     steps: int = 0                   # verify forwards
+    verified_nodes: int = 0          # tree nodes over all verify forwards, roots included
     drafted_tokens: int = 0          # draft tokens offered, on the accepted-length axis
     accepted_draft_tokens: int = 0   # accepted draft tokens that were committed
     new_tokens: int = 0
@@ -42,6 +43,7 @@ class Stats:
             "accepted_draft_tokens": self.accepted_draft_tokens,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
+            "mean_tree_nodes": self.verified_nodes / self.steps if self.steps else 0.0,
             "prefill_s": self.prefill_s,
             "decode_s": self.decode_s,
             "tokens_per_s": self.tokens_per_s,

@@ -67,18 +67,33 @@ class TreeShape:
         per length and device."""
         return TreeShape([-1] + list(range(length)), device)
 
+    @staticmethod
+    @functools.lru_cache(maxsize=4096)
+    def of(parents: tuple[int, ...], device: torch.device) -> TreeShape:
+        """The shape with these parents, built once per structure (drafts repeat shapes)."""
+        return TreeShape(list(parents), device)
+
 
 class DraftTree:
-    """A tree shape with tokens on its nodes (tokens[0] is the root). A chain drafted by
-    sampling may carry `draft_probs` [n - 1, vocab], the distribution each draft came from."""
+    """A tree shape with tokens on its nodes (tokens[0] is the root).
+
+    A chain drafted by sampling may carry `draft_probs` [n - 1, vocab], the distribution each
+    draft came from. A scored tree carries, per node, `scores`: the drafter's estimate that
+    the node's whole path is accepted (the root's is 1; a child's is at most its parent's),
+    and `sources`: which of the drafter's sources proposed it (for calibrating each source's
+    estimates apart).
+    """
 
     def __init__(self, shape: TreeShape, tokens: torch.Tensor,
-                 draft_probs: torch.Tensor | None = None):
+                 draft_probs: torch.Tensor | None = None, scores: list[float] | None = None,
+                 sources: list[int] | None = None):
         if tokens.shape != (shape.n,):
             raise ValueError(f"{tokens.shape[0]} tokens for a tree of {shape.n} nodes")
         self.shape = shape
         self.tokens = tokens
         self.draft_probs = draft_probs
+        self.scores = scores
+        self.sources = sources
 
     @property
     def n(self) -> int:
@@ -93,13 +108,20 @@ class DraftTree:
 
 
 class TrieBuilder:
-    """Merges chains and trees from several drafters into one trie: identical prefixes become
-    one node, so no token is verified twice and at most one child of a node can match."""
+    """Merges chains and trees from several sources into one trie: identical prefixes become
+    one node, so no token is verified twice and at most one child of a node can match.
+
+    Each added token may come with `prob`, the source's estimate that it follows its parent;
+    a node's score is the product along its path (the best over the sources that proposed
+    it), and its source the one that gave that score.
+    """
 
     def __init__(self, root: int, max_nodes: int, max_depth: int):
         self.tokens = [root]
         self.parents = [-1]
         self.depths = [0]
+        self.scores = [1.0]
+        self.sources = [0]
         self.max_nodes = max_nodes
         self.max_depth = max_depth
         self._children: dict[tuple[int, int], int] = {}   # (parent node, token) -> node
@@ -108,11 +130,14 @@ class TrieBuilder:
     def full(self) -> bool:
         return len(self.tokens) >= self.max_nodes
 
-    def child(self, parent: int, token: int) -> int | None:
+    def child(self, parent: int, token: int, prob: float = 1.0, source: int = 0) -> int | None:
         """The node for `token` under `parent`, added if new; None when over budget."""
         key = (parent, token)
+        score = self.scores[parent] * prob
         node = self._children.get(key)
         if node is not None:
+            if score > self.scores[node]:
+                self.scores[node], self.sources[node] = score, source
             return node
         if self.full or self.depths[parent] >= self.max_depth:
             return None
@@ -121,25 +146,33 @@ class TrieBuilder:
         self.tokens.append(token)
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
+        self.scores.append(score)
+        self.sources.append(source)
         return node
 
-    def add_chain(self, tokens: list[int], parent: int = 0) -> None:
-        """Add a chain of tokens below `parent` (default: the root)."""
-        for token in tokens:
-            parent = self.child(parent, token)
+    def add_chain(self, tokens: list[int], parent: int = 0, probs: list[float] | None = None,
+                  source: int = 0) -> None:
+        """Add a chain of tokens below `parent` (default: the root), each with the source's
+        estimate that it follows the one before."""
+        for i, token in enumerate(tokens):
+            parent = self.child(parent, token, 1.0 if probs is None else probs[i], source)
             if parent is None:
                 return
 
-    def add_tree(self, parents: list[int], tokens: list[int], parent: int = 0) -> None:
-        """Add a tree given in parent order (parents[i] < i, -1 for nodes hanging off `parent`)."""
+    def add_tree(self, parents: list[int], tokens: list[int], parent: int = 0,
+                 probs: list[float] | None = None, source: int = 0) -> None:
+        """Add a tree given in parent order (parents[i] < i, -1 for nodes hanging off
+        `parent`), each token with the estimate that it follows its parent."""
         placed: list[int | None] = []
-        for p, token in zip(parents, tokens):
+        for i, (p, token) in enumerate(zip(parents, tokens)):
             anchor = parent if p < 0 else placed[p]
-            placed.append(None if anchor is None else self.child(anchor, token))
+            prob = 1.0 if probs is None else probs[i]
+            placed.append(None if anchor is None else self.child(anchor, token, prob, source))
 
     def build(self, device: torch.device) -> DraftTree:
-        shape = TreeShape(self.parents, device)
-        return DraftTree(shape, torch.tensor(self.tokens, device=device))
+        shape = TreeShape.of(tuple(self.parents), device)
+        return DraftTree(shape, torch.tensor(self.tokens, device=device), scores=self.scores,
+                         sources=self.sources)
 
 
 # Assumed chance that the candidate of rank r is the target's next token: a best-first tree
@@ -189,6 +222,10 @@ class TreeTemplate:
         self.shape = TreeShape(parents, device)
         self.parents = parents
         self.ranks = ranks
+        # the assumed chance of each node's path, for sizing (calibrated by observation)
+        self.scores = [1.0] * len(parents)
+        for i in range(1, len(parents)):
+            self.scores[i] = self.scores[parents[i]] * RANK_WEIGHTS[ranks[i]]
         depths = self.shape.depths
         self.levels = []        # per depth 1..: (nodes, their parents, their ranks)
         for d in range(1, self.shape.max_depth + 1):

@@ -78,7 +78,7 @@ def test_tokenswift_ranks_again_when_the_tail_reaches_the_sink(model):
     res = longspec.generate(model, prompt, max_new_tokens=60, method="tokenswift", heads=heads,
                             sampling=longspec.SamplingConfig(temperature=0), ignore_eos=True,
                             options={"partial_budget": 40})
-    ar = longspec.generate(model, prompt, max_new_tokens=60,
+    ar = longspec.generate(model, prompt, max_new_tokens=60, method="ar",
                            sampling=longspec.SamplingConfig(temperature=0), ignore_eos=True)
     assert res.token_ids == ar.token_ids
     # 24 free slots after each ranking, one scratch slot kept for the draft pass

@@ -25,7 +25,7 @@ def test_generate_json_on_demo_model():
     assert len(out["token_ids"]) == 24 and isinstance(out["text"], str)
     assert STATS_KEYS <= set(out["stats"]) and out["stats"]["method"] == "pld"
     model = longspec.load_model("demo", dtype="float32")
-    ref = longspec.generate(model, "def main():\n", max_new_tokens=24, ignore_eos=True,
+    ref = longspec.generate(model, "def main():\n", max_new_tokens=24, ignore_eos=True, method="ar",
                             sampling=longspec.SamplingConfig(temperature=0))
     assert out["token_ids"] == ref.token_ids
 
@@ -43,6 +43,7 @@ def test_generate_streams_text_and_appends_to_output_file(tmp_path, capsys):
     assert out_file.read_text() == "earlier\n" + printed.rstrip("\n")
     model = longspec.load_model("demo")
     ref = longspec.generate(model, "import os\n", max_new_tokens=40, seed=1, ignore_eos=True,
+                            method="ar",
                             sampling=longspec.SamplingConfig(min_p=0.1))
     assert printed.rstrip("\n") == ref.text
 

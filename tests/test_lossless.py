@@ -23,7 +23,8 @@ NEW_TOKENS = 1024
 OPTIONS = {"selfspec": {"retrieval_budget": 128, "rebuild_every": 64},
            "triforce": {"retrieval_budget": 128, "rebuild_every": 64, "streaming_window": 64},
            "tokenswift": {"partial_budget": 96}}
-METHODS = ["pld", "ngram", "recycling", "heads", "tokenswift", "draft", "selfspec", "triforce"]
+METHODS = ["auto", "suffix", "pld", "ngram", "recycling", "heads", "tokenswift", "draft",
+           "selfspec", "triforce"]
 
 
 def prompts():
@@ -40,7 +41,7 @@ def models():
 @functools.cache
 def reference(prompt: str, setting: str, new_tokens: int = NEW_TOKENS) -> tuple[int, ...]:
     target, _ = models()
-    res = longspec.generate(target, prompts()[prompt], max_new_tokens=new_tokens,
+    res = longspec.generate(target, prompts()[prompt], max_new_tokens=new_tokens, method="ar",
                             sampling=SETTINGS[setting], seed=3, ignore_eos=True)
     return tuple(res.token_ids)
 

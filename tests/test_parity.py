@@ -34,7 +34,7 @@ def test_family_logits_and_greedy_match_transformers(tmp_path, family, tied):
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
     assert torch.allclose(our_logits(model, ids), ref, atol=TOL, rtol=0)
-    res = longspec.generate(model, ids.tolist(), max_new_tokens=24, ignore_eos=True,
+    res = longspec.generate(model, ids.tolist(), max_new_tokens=24, ignore_eos=True, method="ar",
                             sampling=longspec.SamplingConfig(temperature=0))
     assert res.token_ids == hf_greedy(hf, ids, 24)
 
@@ -57,7 +57,7 @@ def test_rope_variant_greedy_matches_transformers_generate(tmp_path, rope):
     hf = make_checkpoint(tmp_path, "llama", rope, max_positions=64)
     model = longspec.load_model(tmp_path, dtype="float32", device="cpu")
     ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(3))
-    res = longspec.generate(model, ids.tolist(), max_new_tokens=30, ignore_eos=True,
+    res = longspec.generate(model, ids.tolist(), max_new_tokens=30, ignore_eos=True, method="ar",
                             sampling=longspec.SamplingConfig(temperature=0))
     assert res.token_ids == hf_greedy(hf, ids, 30)
 

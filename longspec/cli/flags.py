@@ -47,7 +47,7 @@ def model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def method_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--method", default="ar", help=f"one of: {', '.join(METHODS)}")
+    p.add_argument("--method", default="auto", help=f"one of: {', '.join(METHODS)}")
     p.add_argument("--draft-model", help="draft model directory or bundled name (methods: "
                    f"{', '.join(n for n, s in METHODS.items() if s.needs_draft_model)})")
     p.add_argument("--heads", help="multi-token heads directory (methods: "

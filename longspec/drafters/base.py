@@ -44,6 +44,10 @@ class Drafter(ABC):
     def observe(self, tree: DraftTree, target_out: TargetOutput, verdict: Verdict) -> None:
         """Learn from a verify step (called with the committed part of the verdict)."""
 
+    def finish(self, tokens: list[int]) -> None:
+        """The generation ended with the sequence `tokens` (prompt included); drafters that
+        learn across generations keep what they learned."""
+
     def stats(self) -> dict:
         """Method-specific statistics for the result's stats."""
         return {}

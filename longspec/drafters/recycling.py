@@ -1,7 +1,8 @@
 """Token Recycling (Luo et al. 2024): reuse the candidates the target already produced.
 
 An adjacency matrix M [vocab, 8] holds, for each token, the top-8 tokens the target predicted
-after it, refreshed from every tree node's logits after each verify (rejected nodes included).
+after it, refreshed from every tree node's raw logits after each verify (rejected nodes
+included; raw, because with top-p or min-p most processed logits are -inf).
 The draft is a static tree template: each node's children are its token's top-ranked successors
 in M, so filling the template is one gather per level, with no host work. M lives in the
 model's `state`, so it persists across calls (hot start); the prompt's logits seed it at prefill.
@@ -37,18 +38,23 @@ class RecyclingDrafter(Drafter):
     def observe_prefill(self, tokens, out) -> None:
         self.update(tokens, out.logits)
 
-    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+    def template(self, budget: Budget) -> TreeTemplate:
         tpl = self._templates.get(budget)
         if tpl is None:
             tpl = self._templates[budget] = TreeTemplate(budget.max_nodes, budget.max_depth,
                                                          self.device, WIDTH)
-        return DraftTree(tpl.shape, tpl.fill_by_token(committed[-1], self.matrix))
+        return tpl
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        tpl = self.template(budget)
+        return DraftTree(tpl.shape, tpl.fill_by_token(committed[-1], self.matrix),
+                         scores=tpl.scores, sources=[0] * tpl.shape.n)
 
     def observe(self, tree, target_out, verdict) -> None:
-        self.update(tree.tokens, target_out.processed)
+        self.update(tree.tokens, target_out.forward.logits)
 
 
 SPEC = MethodSpec(
     name="recycling", summary="an adjacency matrix of the target's own top-8 candidates, in a "
     "static tree (Token Recycling)",
-    budget=Budget(16, 4), build=lambda setup: RecyclingDrafter(setup.model))
+    budget=Budget(32, 6), build=lambda setup: RecyclingDrafter(setup.model))

@@ -1,0 +1,144 @@
+"""Draft size from measured costs, not constants.
+
+A scored draft tree says, per node, how likely its path is to be accepted. Verifying the n best
+nodes (a prefix of the score order, which keeps parents before children) costs one target
+step over n nodes and is expected to commit 1 + the sum of their calibrated scores tokens.
+The sizer picks the n that maximises expected tokens per second, counting the drafting time;
+n = 1 is a plain decoding step.
+
+- `StepCost`: seconds of a target step over n nodes at the current context, measured at a few
+  sizes and interpolated; measured again as the context grows.
+- `Calibration`: what each source's estimates are worth, learned online: per source and bin
+  of the estimated chance that a node follows its parent, how often such a node was accepted
+  when its parent was.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from .tree import DraftTree, TreeShape
+
+SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+REPEATS = 2                  # the fastest of this many timings (the machine may be shared)
+REFRESH_GROWTH = 1.25        # measure again when the context grew by a quarter...
+REFRESH_MIN_TOKENS = 1024    # ...and by at least this many tokens
+BINS = 32                    # of an estimate e: floor(4 * -log2 e), so low chances stay apart
+PRIOR_WEIGHT = 2.0           # pseudo-observations at the source's own estimate
+
+
+class StepCost:
+    def __init__(self, max_nodes: int):
+        self.sizes = [n for n in SIZES if n < max_nodes] + [max_nodes]
+        self.seconds: list[float] = []
+        self.context = 0
+
+    def refresh(self, context: int, measure: Callable[[int], float]) -> None:
+        """Measure again (`measure(n)`: seconds of a step over n nodes) when the context has
+        moved far enough from the one measured at."""
+        moved = abs(context - self.context)
+        if self.seconds and moved < max(self.context * (REFRESH_GROWTH - 1), REFRESH_MIN_TOKENS):
+            return
+        seconds = []
+        for n in self.sizes:
+            t = min(measure(n) for _ in range(REPEATS))
+            seconds.append(max(t, seconds[-1]) if seconds else t)   # more nodes never cheaper
+        self.seconds, self.context = seconds, context
+
+    def __call__(self, n: int) -> float:
+        """Interpolated seconds of a step over n nodes."""
+        sizes, secs = self.sizes, self.seconds
+        if n >= sizes[-1]:
+            return secs[-1] * n / sizes[-1]
+        for i in range(1, len(sizes)):
+            if n <= sizes[i]:
+                w = (n - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
+                return secs[i - 1] + w * (secs[i] - secs[i - 1])
+        return secs[0]
+
+
+class Calibration:
+    def __init__(self):
+        self._tested: dict[int, list[float]] = {}
+        self._accepted: dict[int, list[float]] = {}
+
+    def _tables(self, source: int) -> tuple[list[float], list[float]]:
+        if source not in self._tested:
+            self._tested[source] = [PRIOR_WEIGHT] * BINS
+            self._accepted[source] = [PRIOR_WEIGHT * 2 ** (-(b + 0.5) / 4) for b in range(BINS)]
+        return self._tested[source], self._accepted[source]
+
+    @staticmethod
+    def _bin(estimate: float) -> int:
+        if estimate <= 0:
+            return BINS - 1
+        return min(BINS - 1, max(0, int(-4 * math.log2(min(estimate, 1.0)))))
+
+    def chance(self, source: int, estimate: float) -> float:
+        """The observed chance that a node with this estimate follows its parent."""
+        tested, accepted = self._tables(source)
+        b = self._bin(estimate)
+        return accepted[b] / tested[b]
+
+    def scores(self, tree: DraftTree) -> list[float]:
+        """Calibrated path scores of the tree's nodes (the root's is 1)."""
+        parents, raw, sources = tree.shape.parents, tree.scores, tree.sources
+        out = [1.0] * tree.n
+        for i in range(1, tree.n):
+            p = parents[i]
+            estimate = raw[i] / raw[p] if raw[p] > 0 else 0.0
+            out[i] = out[p] * self.chance(sources[i], estimate)
+        return out
+
+    def record(self, tree: DraftTree, accepted: list[int]) -> None:
+        """Learn from a verified tree: each node whose parent was accepted was put to the
+        test, and passed when it was accepted too."""
+        parents, raw, sources = tree.shape.parents, tree.scores, tree.sources
+        passed = set(accepted)
+        for i in range(1, tree.n):
+            p = parents[i]
+            if p in passed:
+                tested, hits = self._tables(sources[i])
+                b = self._bin(raw[i] / raw[p] if raw[p] > 0 else 0.0)
+                tested[b] += 1
+                hits[b] += i in passed
+
+
+def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
+    """The tree restricted to the nodes `keep` (increasing, the root first, parents kept)."""
+    new = {old: k for k, old in enumerate(keep)}
+    parents = tuple([-1] + [new[tree.shape.parents[i]] for i in keep[1:]])
+    index = torch.tensor(keep, device=tree.tokens.device)
+    probs = None if tree.draft_probs is None else tree.draft_probs[index[1:] - 1]
+    return DraftTree(TreeShape.of(parents, tree.shape.device), tree.tokens[index], probs,
+                     [tree.scores[i] for i in keep], [tree.sources[i] for i in keep])
+
+
+class Sizer:
+    """Prunes scored trees to the size that pays most, and learns from the verdicts."""
+
+    def __init__(self, cost: StepCost, calibration: Calibration):
+        self.cost = cost
+        self.calibration = calibration
+
+    def choose(self, tree: DraftTree, draft_seconds: float) -> DraftTree:
+        if tree.scores is None or tree.n == 1:
+            return tree
+        scores = self.calibration.scores(tree)
+        order = sorted(range(1, tree.n), key=lambda i: (-scores[i], i))
+        best, best_rate, gain = 1, 1.0 / (draft_seconds + self.cost(1)), 1.0
+        for k, node in enumerate(order, start=2):
+            gain += scores[node]
+            rate = gain / (draft_seconds + self.cost(k))
+            if rate > best_rate:
+                best, best_rate = k, rate
+        if best == tree.n:
+            return tree
+        return subtree(tree, sorted([0, *order[:best - 1]]))
+
+    def record(self, tree: DraftTree, accepted: list[int]) -> None:
+        if tree.scores is not None:
+            self.calibration.record(tree, accepted)
