@@ -118,7 +118,7 @@ class Engine:
             return tree
         draft_seconds = time.perf_counter() - begin
         self.sizer.cost.refresh(len(self.tokens), self.measure_step)
-        return self.sizer.choose(tree, draft_seconds)
+        return self.sizer.choose(tree, draft_seconds, self.budget.max_nodes)
 
     def commit(self, tree: DraftTree, target: TargetOutput, verdict: Verdict) -> list[int]:
         """Commit the verdict's tokens, cut at a stop rule or at max_new_tokens: keep their keys

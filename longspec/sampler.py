@@ -71,7 +71,8 @@ class Sampler:
         noise = None if self.noise is None else self.noise.rows(self.length + len(path), 1)
         return processed, int(select_tokens(processed, noise)[0])
 
-    def guess_scores(self, logits: torch.Tensor, first_depth: int) -> torch.Tensor:
+    def guess_scores(self, logits: torch.Tensor, first_depth: int,
+                     noise: bool = True) -> torch.Tensor:
         """Scores [m, vocab] whose top entries are the likeliest choices at depths
         first_depth .. first_depth + m - 1 below the root: processed logits (penalty over the
         committed window) plus, when sampling, each position's own Gumbel noise, so that a
@@ -82,7 +83,7 @@ class Sampler:
         if self.penalty is not None:
             present = self.penalty.presence_after([]).expand(m, -1)
         scores = process_logits(logits, self.config, present)
-        if self.noise is not None:
+        if noise and self.noise is not None:
             scores = scores + self.noise.rows(self.length - 1 + first_depth, m)
         return scores
 

@@ -124,11 +124,13 @@ class Sizer:
         self.cost = cost
         self.calibration = calibration
 
-    def choose(self, tree: DraftTree, draft_seconds: float) -> DraftTree:
+    def choose(self, tree: DraftTree, draft_seconds: float, max_nodes: int) -> DraftTree:
+        """The prefix of the tree's score order, of at most `max_nodes` nodes, that maximises
+        expected new tokens per second."""
         if tree.scores is None or tree.n == 1:
             return tree
         scores = self.calibration.scores(tree)
-        order = sorted(range(1, tree.n), key=lambda i: (-scores[i], i))
+        order = sorted(range(1, tree.n), key=lambda i: (-scores[i], i))[:max_nodes - 1]
         best, best_rate, gain = 1, 1.0 / (draft_seconds + self.cost(1)), 1.0
         for k, node in enumerate(order, start=2):
             gain += scores[node]

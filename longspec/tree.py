@@ -107,6 +107,11 @@ class DraftTree:
         return cls(shape, torch.tensor(tokens, device=device), draft_probs)
 
 
+# Tries of scored candidates hold this many times the nodes a step may verify: the engine
+# keeps the best of them (sizing.py).
+CANDIDATES = 2
+
+
 class TrieBuilder:
     """Merges chains and trees from several sources into one trie: identical prefixes become
     one node, so no token is verified twice and at most one child of a node can match.

@@ -50,19 +50,29 @@ def test_ngram_table_top_k_equals_brute_force_counter_with_ties():
                 assert table.continuations(first) == [rest for _, rest in expect]
 
 
-def test_ngram_drafter_counts_only_output_that_left_the_window():
+def test_ngram_drafter_counts_the_prompt_and_what_left_the_window():
     d = NgramDrafter(CPU, window=4, top_k=3)
     d.prefill([9, 9, 9, 9, 9], None)
     d.sync([9] * 5 + [1, 2, 3, 4, 5, 6, 7])
-    # 12 tokens, window 4: positions 0..7 have left it, but no output 4-gram lies wholly there
-    assert d.table.counts == {}
+    # 12 tokens, window 4: the 4-grams starting at 0..4 lie wholly in positions 0..7
+    assert d.table.counts == {9: {(9, 9, 9): 2, (9, 9, 1): 1, (9, 1, 2): 1, (1, 2, 3): 1}}
     d.sync([9] * 5 + [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5])
-    # 17 tokens: output 4-grams starting at 5..9 have left the window
+    # 17 tokens: the 4-grams starting at 5..9 have left the window too
     assert d.table.continuations(1) == [(2, 3, 4)]
     assert d.table.continuations(2) == [(3, 4, 5)]
     assert d.table.continuations(5) == [(6, 7, 1)]
     tree = d.propose([9] * 5 + [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 1], Budget(8, 3))
     assert tree.tokens.tolist() == [1, 2, 3, 4]
+
+
+def test_ngram_drafter_without_a_penalty_counts_everything_written():
+    d = NgramDrafter(CPU, window=0, top_k=3)
+    d.prefill([7, 1, 2, 3], None)
+    d.sync([7, 1, 2, 3, 9, 1, 2])
+    assert d.table.continuations(1) == [(2, 3, 9)]
+    tree = d.propose([7, 1, 2, 3, 9, 1, 2, 3, 9, 1], Budget(8, 3))
+    assert tree.tokens.tolist() == [1, 2, 3, 9]
+    assert 0 < tree.scores[1] < 1 and tree.scores[3] < tree.scores[1]
 
 
 def test_recycling_template_fill_equals_slow_reference():

@@ -9,7 +9,7 @@ guesses badly on this text is simply cut away.
 
 from __future__ import annotations
 
-from ..tree import DraftTree, TrieBuilder
+from ..tree import CANDIDATES, DraftTree, TrieBuilder
 from .base import Budget, Drafter
 from .recycling import RecyclingDrafter
 from .registry import MethodSpec
@@ -38,7 +38,7 @@ class AutoDrafter(Drafter):
         self.recycling.observe_prefill(tokens, out)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        trie = TrieBuilder(committed[-1], budget.max_nodes, budget.max_depth)
+        trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
         self.suffix.add_drafts(trie, committed, budget)
         tpl = self.recycling.template(Budget(RECYCLING_NODES, RECYCLING_DEPTH))
         tokens = tpl.fill_by_token(committed[-1], self.recycling.matrix).tolist()

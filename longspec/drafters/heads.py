@@ -45,11 +45,14 @@ class HeadGuesses:
         return self.heads.gamma
 
     def candidates(self, hidden: torch.Tensor, first_depth: int, k: int,
-                   depth: int | None = None) -> torch.Tensor:
+                   depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The top-k tokens [depth, k] that heads 1..depth (all by default) guess for depths
-        first_depth.. below the root, from one hidden state [1, hidden]."""
+        first_depth.. below the root, from one hidden state [1, hidden], and the chance
+        [depth, k] each head gives its guess (its processed distribution's)."""
         logits = self.heads.logits(self.net, hidden)[:depth, 0]        # [depth, vocab]
-        return torch.topk(self.sampler.guess_scores(logits, first_depth), k, dim=-1).indices
+        tokens = torch.topk(self.sampler.guess_scores(logits, first_depth), k, dim=-1).indices
+        probs = torch.softmax(self.sampler.guess_scores(logits, first_depth, noise=False), -1)
+        return tokens, probs.gather(-1, tokens)
 
 
 class HeadsDrafter(Drafter):
@@ -74,8 +77,14 @@ class HeadsDrafter(Drafter):
         if self.hidden is None:
             return DraftTree.chain(committed[-1:], self.device)
         tpl = self.template(budget)
-        cands = self.guesses.candidates(self.hidden, 1, WIDTH, tpl.shape.max_depth)
-        return DraftTree(tpl.shape, tpl.fill_by_depth(committed[-1], cands))
+        cands, probs = self.guesses.candidates(self.hidden, 1, WIDTH, tpl.shape.max_depth)
+        table = probs.tolist()                       # the draft's host sync
+        scores = [1.0] * tpl.shape.n
+        for i, (p, depth) in enumerate(zip(tpl.parents, tpl.shape.depths)):
+            if p >= 0:
+                scores[i] = scores[p] * table[depth - 1][tpl.ranks[i]]
+        return DraftTree(tpl.shape, tpl.fill_by_depth(committed[-1], cands), scores=scores,
+                         sources=[0] * tpl.shape.n)
 
     def observe(self, tree, target_out, verdict) -> None:
         last = verdict.accepted[-1]
@@ -84,5 +93,5 @@ class HeadsDrafter(Drafter):
 
 SPEC = MethodSpec(
     name="heads", summary="multi-token heads on the verify pass's hidden state",
-    budget=Budget(6, 3), needs_heads=True,
+    budget=Budget(16, 3), needs_heads=True,
     build=lambda setup: HeadsDrafter(setup.model, setup.heads, setup.sampler))

@@ -15,7 +15,7 @@ import heapq
 import math
 from array import array
 
-from ..tree import DraftTree, TrieBuilder
+from ..tree import CANDIDATES, DraftTree, TrieBuilder
 from .base import Budget, Drafter
 from .registry import MethodSpec
 
@@ -142,7 +142,7 @@ class SuffixDrafter(Drafter):
                 add_counted_tree(trie, index.continuations(starts, depth), cap, source)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        trie = TrieBuilder(committed[-1], budget.max_nodes, budget.max_depth)
+        trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
         self.add_drafts(trie, committed, budget)
         return trie.build(self.device)
 

@@ -18,17 +18,18 @@ from __future__ import annotations
 import torch
 
 from ..cache.partial import PartialCache
-from ..tree import DraftTree, TreeTemplate, TrieBuilder
+from ..tree import CANDIDATES, DraftTree, TreeTemplate, TrieBuilder
 from .base import Budget, Drafter
 from .chain import root_queries
 from .heads import HeadGuesses
-from .ngram import TOP_K, NgramDrafter
+from .ngram import TOP_K, NgramDrafter, penalty_window
 from .registry import MethodSpec, Option
 
 DRAFT_PASSES = ("partial", "verify", "full")
 PARTIAL_MODES = ("dynamic", "static")
 PARTIAL_BUDGET = 4096
 HEADS_TOP_K = 3            # candidates per head: tree [1, 3, 3, 3]
+DRAFT_PASS, HEADS, NGRAMS = 0, 1, 2     # sources of the trie's nodes, calibrated apart
 
 
 class TokenSwiftDrafter(Drafter):
@@ -41,7 +42,7 @@ class TokenSwiftDrafter(Drafter):
         self.draft_pass = draft_pass
         self.partial_mode = partial_mode
         self.needs_hidden = draft_pass == "verify"
-        self.ngram = NgramDrafter(model.device, int(sampler.config.penalty_window), ngram_top_k)
+        self.ngram = NgramDrafter(model.device, penalty_window(sampler.config), ngram_top_k)
         self.partial = (PartialCache(model.config, partial_budget, model.dtype, model.device)
                         if draft_pass == "partial" else None)
         # the heads' part of the tree: the best paths over ranks < HEADS_TOP_K
@@ -72,10 +73,11 @@ class TokenSwiftDrafter(Drafter):
         else:
             self.partial.append_from(self.full, self.full.length)
 
-    def draft_pass_candidates(self, committed: list[int]) -> tuple[int, torch.Tensor]:
-        """The depth-1 token and head candidates [gamma, k] for depths 2.. from a forward of
-        the root over the partial cache (or the full one: its slot for the root is scratch
-        until the verify pass writes it)."""
+    def draft_pass_candidates(self, committed: list[int]
+                              ) -> tuple[int, float, tuple[torch.Tensor, torch.Tensor]]:
+        """The depth-1 token, its chance, and head candidates with their chances [gamma, k]
+        for depths 2.. from a forward of the root over the partial cache (or the full one:
+        its slot for the root is scratch until the verify pass writes it)."""
         cache = self.full
         if self.draft_pass == "partial":
             self.sync_partial(committed)
@@ -85,27 +87,31 @@ class TokenSwiftDrafter(Drafter):
                        torch.tensor([root], device=self.device), cache,
                        return_hidden=True, return_queries=True)
         self.queries = out.queries
-        _, first = self.sampler.chain_choice(out.logits, [])
-        return first, self.guesses.candidates(out.hidden, 2, HEADS_TOP_K)
+        processed, first = self.sampler.chain_choice(out.logits, [])
+        chance = torch.softmax(processed[0], -1)[first]
+        return first, chance, self.guesses.candidates(out.hidden, 2, HEADS_TOP_K)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        """The trie of the draft pass's token, the heads' tree below it and the n-gram chains,
+        each node scored; the engine verifies the prefix of its score order that pays."""
         self.ngram.sync(committed)
-        trie = TrieBuilder(committed[-1], budget.max_nodes, budget.max_depth)
+        trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
         if self.draft_pass != "verify":
-            first, cands = self.draft_pass_candidates(committed)
-            anchor = trie.child(0, first)
+            first, chance, (cands, probs) = self.draft_pass_candidates(committed)
+            anchor = trie.child(0, first, float(chance), DRAFT_PASS)
             ngram_first, ngram_parent = first, anchor
         else:
             if self.hidden is None:
                 return trie.build(self.device)
-            cands = self.guesses.candidates(self.hidden, 1, HEADS_TOP_K)
+            cands, probs = self.guesses.candidates(self.hidden, 1, HEADS_TOP_K)
             anchor = 0
             ngram_first, ngram_parent = committed[-1], 0
         if anchor is None:
             return trie.build(self.device)
-        table = cands.tolist()                      # the draft's host sync
-        trie.add_tree(self.heads_parents, [table[d - 1][r] for d, r in self.heads_index], anchor)
-        self.ngram.add_chains(trie, ngram_first, ngram_parent)
+        tokens, chances = torch.stack([cands.float(), probs.float()]).tolist()   # one host sync
+        trie.add_tree(self.heads_parents, [int(tokens[d - 1][r]) for d, r in self.heads_index],
+                      anchor, [chances[d - 1][r] for d, r in self.heads_index], HEADS)
+        self.ngram.add_chains(trie, ngram_first, ngram_parent, NGRAMS)
         return trie.build(self.device)
 
     def observe(self, tree, target_out, verdict) -> None:
@@ -120,7 +126,7 @@ class TokenSwiftDrafter(Drafter):
 SPEC = MethodSpec(
     name="tokenswift", summary="a draft pass over a dynamic partial KV cache + multi-token heads "
     "+ n-gram chains, one trie",
-    budget=Budget(12, 4), needs_heads=True, stats=("partial_rankings",),
+    budget=Budget(24, 4), needs_heads=True, stats=("partial_rankings",),
     options={"draft_pass": Option(DRAFT_PASSES[0], choices=DRAFT_PASSES),
              "partial_mode": Option(PARTIAL_MODES[0], choices=PARTIAL_MODES),
              "partial_budget": Option(PARTIAL_BUDGET), "ngram_top_k": Option(TOP_K, minimum=0),
