@@ -146,3 +146,24 @@ def test_quantized_checkpoint_is_refused(tmp_path, ckpt, method):
     with pytest.raises(ValueError, match=f"quantization_config \\({method}\\).* unquantized"):
         longspec.load_model(tmp_path)
 
+
+def test_untied_checkpoint_without_lm_head_is_refused(tmp_path, ckpt):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(ckpt / "model.safetensors")
+    assert json.loads((ckpt / "config.json").read_text())["tie_word_embeddings"] is False
+    del tensors["lm_head.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text((ckpt / "config.json").read_text())
+    with pytest.raises(ValueError, match="tie_word_embeddings false but no lm_head.weight"):
+        longspec.load_model(tmp_path)
+
+
+def test_model_that_is_no_directory_file_bundled_name_or_hub_id(tmp_path):
+    with pytest.raises(ValueError, match="not found: it is no local directory or .gguf file, no "
+                                         "bundled name \\(demo, demo-draft, smollm2\\) and no "
+                                         "Hugging Face Hub id"):
+        longspec.load_model("no/such/model/here")
+    (tmp_path / "weights.bin").write_bytes(b"\x00")
+    with pytest.raises(ValueError, match="is a file but not a .gguf"):
+        longspec.load_model(tmp_path / "weights.bin")

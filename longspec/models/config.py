@@ -1,5 +1,5 @@
-"""Model configuration: one frozen dataclass read from a Hugging Face `config.json`, every
-field it reads checked for its type.
+"""Model configuration: one frozen dataclass read from a Hugging Face `config.json` (or a dict
+in its layout, as the GGUF reader builds one), every field it reads checked for its type.
 
 Both layouts of the RoPE settings are understood: transformers 5 (`rope_parameters`) and the
 legacy one (`rope_theta` plus `rope_scaling` with `type` or `rope_type`).
@@ -31,6 +31,8 @@ class RopeConfig:
     mscale: float | None = None           # yarn
     mscale_all_dim: float | None = None   # yarn
     truncate: bool = True                 # yarn: round the correction range to whole dims
+    # GGUF files carry llama3 scaling as one divisor per frequency (llama.cpp's rope_freqs tensor)
+    freq_factors: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
