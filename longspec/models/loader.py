@@ -161,13 +161,13 @@ def _layer_weights(t: dict[str, torch.Tensor], i: int, c: ModelConfig) -> dict[s
     def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         if p + name not in t:
             raise ValueError(f"checkpoint lacks tensor '{p + name}'")
-        w = t[p + name]
+        w = t.pop(p + name)
         if shape is not None and tuple(w.shape) != shape:
             raise ValueError(f"tensor '{p + name}' has shape {tuple(w.shape)}, config implies {shape}")
         return w
 
     def opt(name: str) -> torch.Tensor | None:
-        return t.get(p + name)
+        return t.pop(p + name, None)
 
     h, d = c.hidden_size, c.head_dim
     attn = "self_attn."
@@ -189,8 +189,9 @@ def _layer_weights(t: dict[str, torch.Tensor], i: int, c: ModelConfig) -> dict[s
     if any(b is not None for b in biases):
         w["bqkv"] = torch.cat([b if b is not None else torch.zeros(n.shape[0], dtype=n.dtype)
                                for b, n in zip(biases, qkv)])
-    if opt("mlp.gate_proj.bias") is not None:
-        w["b_gate_up"] = torch.cat([get("mlp.gate_proj.bias"), get("mlp.up_proj.bias")])
+    gate_bias = opt("mlp.gate_proj.bias")
+    if gate_bias is not None:
+        w["b_gate_up"] = torch.cat([gate_bias, get("mlp.up_proj.bias")])
     if c.qk_norm:
         w["q_norm"] = get(attn + "q_norm.weight", (d,))
         w["k_norm"] = get(attn + "k_norm.weight", (d,))
@@ -199,6 +200,9 @@ def _layer_weights(t: dict[str, torch.Tensor], i: int, c: ModelConfig) -> dict[s
 
 def build_transformer(config: ModelConfig, tensors: dict[str, torch.Tensor],
                       dtype: torch.dtype, device: torch.device) -> Transformer:
+    """The network from checkpoint tensors (Hugging Face names without 'model.'). Consumes
+    `tensors`: each layer's weights leave the dict as the layer is built, so that a checkpoint is
+    never held twice (the fused q/k/v and gate/up matrices are copies)."""
     def cast(w: torch.Tensor | None) -> torch.Tensor | None:
         return None if w is None else w.to(device=device, dtype=dtype)
 
@@ -221,8 +225,6 @@ def build_transformer(config: ModelConfig, tensors: dict[str, torch.Tensor],
                for k, v in _layer_weights(tensors, i, config).items()}
               for i in range(config.num_layers)]
     return Transformer(config, top, layers, transposed)
-
-
 
 
 def _generation_eos(model_dir: Path) -> tuple[int, ...]:
