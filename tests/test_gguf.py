@@ -45,6 +45,11 @@ def test_gguf_with_tied_embeddings(tmp_path, family):
     check_parity(tmp_path, family, "Q8_0", tied=True)
 
 
+def test_gguf_llama_with_biases(tmp_path):
+    # the converter permutes the q and k biases as it permutes their weights
+    check_parity(tmp_path, "llama-bias", "Q8_0")
+
+
 @pytest.mark.parametrize("rope", ["linear", "yarn", "llama3"])
 def test_gguf_rope_scaling_matches_transformers(tmp_path, rope):
     # llama3 scaling travels as the rope_freqs tensor, linear and yarn as metadata
