@@ -2,11 +2,11 @@
 
 from .api import Chunk, GenerationResult, Request, Stream, generate, stream
 from .drafters import METHODS, MethodSpec, method_names
-from .models import Model, demo_path, load_model
+from .models import Model, demo_path, fetch_model, load_model
 from .sampling import SamplingConfig
 
 __version__ = "0.1.0"
 
 __all__ = ["METHODS", "Chunk", "GenerationResult", "MethodSpec", "Model", "Request",
-           "SamplingConfig", "Stream", "demo_path", "generate", "load_model", "method_names",
-           "stream"]
+           "SamplingConfig", "Stream", "demo_path", "fetch_model", "generate", "load_model",
+           "method_names", "stream"]

@@ -117,8 +117,10 @@ class Engine:
         if tree.scores is None or tree.n == 1:
             return tree
         draft_seconds = time.perf_counter() - begin
-        self.sizer.cost.refresh(len(self.tokens), self.measure_step)
-        return self.sizer.choose(tree, draft_seconds, self.budget.max_nodes)
+        adaptive = self.budget.sizing == "adaptive"
+        if adaptive:
+            self.sizer.cost.refresh(len(self.tokens), self.measure_step)
+        return self.sizer.choose(tree, draft_seconds, self.budget.max_nodes, adaptive)
 
     def commit(self, tree: DraftTree, target: TargetOutput, verdict: Verdict) -> list[int]:
         """Commit the verdict's tokens, cut at a stop rule or at max_new_tokens: keep their keys

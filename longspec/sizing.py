@@ -124,11 +124,18 @@ class Sizer:
         self.cost = cost
         self.calibration = calibration
 
-    def choose(self, tree: DraftTree, draft_seconds: float, max_nodes: int) -> DraftTree:
+    def choose(self, tree: DraftTree, draft_seconds: float, max_nodes: int,
+               adaptive: bool = True) -> DraftTree:
         """The prefix of the tree's score order, of at most `max_nodes` nodes, that maximises
-        expected new tokens per second."""
+        expected new tokens per second (adaptive), or that has `max_nodes` nodes by the
+        drafter's own scores (fixed)."""
         if tree.scores is None or tree.n == 1:
             return tree
+        if not adaptive:
+            order = sorted(range(1, tree.n), key=lambda i: (-tree.scores[i], i))
+            if tree.n <= max_nodes:
+                return tree
+            return subtree(tree, sorted([0, *order[:max_nodes - 1]]))
         scores = self.calibration.scores(tree)
         order = sorted(range(1, tree.n), key=lambda i: (-scores[i], i))[:max_nodes - 1]
         best, best_rate, gain = 1, 1.0 / (draft_seconds + self.cost(1)), 1.0

@@ -29,7 +29,7 @@ ROPES = {
 def make_checkpoint(out: Path, family: str = "llama", rope: str = "default", *,
                     legacy: bool = False, tied: bool = False, kv_heads: int = 2, heads: int = 4,
                     vocab: int = 300, max_positions: int = 128, shard_bytes: int | None = None,
-                    seed: int = 0):
+                    seed: int = 0, hidden: int = 64, intermediate: int = 128):
     """Save a random tiny model of `family` to `out`; return the transformers model (fp32, eval).
 
     `legacy` rewrites config.json in the old layout (rope_theta + rope_scaling with 'type').
@@ -41,11 +41,10 @@ def make_checkpoint(out: Path, family: str = "llama", rope: str = "default", *,
     if rope == "yarn":
         max_positions = 128
     config = getattr(transformers, config_cls)(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2,
         num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=tied, rope_parameters=params, initializer_range=0.2,
-        bos_token_id=1, eos_token_id=2, **extra)
+        max_position_embeddings=max_positions, tie_word_embeddings=tied, rope_parameters=params,
+        initializer_range=0.2, bos_token_id=1, eos_token_id=2, **extra)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
     kwargs = {"max_shard_size": shard_bytes} if shard_bytes else {}
@@ -60,3 +59,22 @@ def make_checkpoint(out: Path, family: str = "llama", rope: str = "default", *,
             d["rope_scaling"] = {"type": kind, **rope_params}
         path.write_text(json.dumps(d))
     return model
+
+
+def our_logits(model, ids, seq_len=None):
+    """longspec's logits [len(ids), vocab] for a prompt run in one causal forward (fp32)."""
+    from longspec.cache import StaticCache, causal_mask
+
+    net = model.net
+    net.set_context(seq_len or len(ids))
+    cache = StaticCache(model.config, len(ids), torch.float32, "cpu")
+    out = net(ids, torch.arange(len(ids)), cache, causal_mask(len(ids), torch.float32, "cpu"))
+    return out.logits
+
+
+def hf_greedy(hf, ids, n):
+    """transformers' greedy continuation of `ids`: exactly n new token ids."""
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    out = hf.generate(ids[None], max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, len(ids):].tolist()

@@ -54,3 +54,18 @@ def test_entry_options_and_verify_mode():
         parse_entry("draft[verify=maybe]", {})
     with pytest.raises(ValueError, match="takes no options"):
         parse_entry("hf[verify=rejection]", {})
+
+
+def test_bench_runs_the_transformers_peer_on_a_gguf_file(tmp_path):
+    from gguf_writer import write_gguf
+    from helpers import make_checkpoint
+
+    hf = make_checkpoint(tmp_path / "hf", "llama")
+    write_gguf(hf, tmp_path / "tiny.gguf", "Q8_0", tokenizer=True)
+    code = main(["bench", str(tmp_path / "tiny.gguf"), "--methods", "ar,hf", "--gen-lens", "8",
+                 "--prompt-len", "32", "--out", str(tmp_path / "out"), "--no-progress",
+                 "--temperature", "0", "--dtype", "float32"])
+    assert code == 0
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["status"] for r in report["results"]] == ["ok", "ok"]
+    assert report["model"] == "tiny"

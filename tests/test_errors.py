@@ -138,3 +138,55 @@ def test_cli_bad_input_is_one_line_and_exit_2(ckpt, capsys, argv, match):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and match in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("hidden_size", "576", "'hidden_size' must be an integer, got '576'"),
+    ("num_hidden_layers", [2], "'num_hidden_layers' must be an integer"),
+    ("vocab_size", True, "'vocab_size' must be an integer"),
+    ("num_key_value_heads", 0, "'num_key_value_heads' must be an integer >= 1"),
+    ("rms_norm_eps", "1e-6", "'rms_norm_eps' must be a number"),
+    ("tie_word_embeddings", "yes", "'tie_word_embeddings' must be true or false"),
+    ("eos_token_id", "2", "'eos_token_id' must be a token id or a list of them"),
+    ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4, "factor": "2"}, "'factor'"),
+    ("rope_parameters", [1], "'rope_parameters' .* must be an object"),
+])
+def test_config_field_of_the_wrong_type_is_one_line_error(tmp_path, ckpt, field, value, match):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, field: value}))
+    (tmp_path / "model.safetensors").symlink_to(ckpt / "model.safetensors")
+    with pytest.raises(ValueError, match=match) as err:
+        longspec.load_model(tmp_path)
+    assert len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("method", ["bitsandbytes", "gptq", "awq", "fp8"])
+def test_quantized_checkpoint_is_refused(tmp_path, ckpt, method):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": method, "bits": 4}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").symlink_to(ckpt / "model.safetensors")
+    with pytest.raises(ValueError, match=f"quantization_config \\({method}\\).* unquantized"):
+        longspec.load_model(tmp_path)
+
+
+def test_untied_checkpoint_without_lm_head_is_refused(tmp_path, ckpt):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(ckpt / "model.safetensors")
+    assert json.loads((ckpt / "config.json").read_text())["tie_word_embeddings"] is False
+    del tensors["lm_head.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text((ckpt / "config.json").read_text())
+    with pytest.raises(ValueError, match="tie_word_embeddings false but no lm_head.weight"):
+        longspec.load_model(tmp_path)
+
+
+def test_model_that_is_no_directory_file_bundled_name_or_hub_id(tmp_path):
+    with pytest.raises(ValueError, match="not found: it is no local directory or .gguf file, no "
+                                         "bundled name \\(demo, demo-draft, smollm2\\) and no "
+                                         "Hugging Face Hub id"):
+        longspec.load_model("no/such/model/here")
+    (tmp_path / "weights.bin").write_bytes(b"\x00")
+    with pytest.raises(ValueError, match="is a file but not a .gguf"):
+        longspec.load_model(tmp_path / "weights.bin")

@@ -2,27 +2,11 @@
 
 import pytest
 import torch
-from helpers import FAMILIES, ROPES, make_checkpoint
+from helpers import FAMILIES, ROPES, hf_greedy, make_checkpoint, our_logits
 
 import longspec
-from longspec.cache import StaticCache, causal_mask
 
 TOL = 2e-5
-
-
-def our_logits(model, ids, seq_len=None):
-    net = model.net
-    net.set_context(seq_len or len(ids))
-    cache = StaticCache(model.config, len(ids), torch.float32, "cpu")
-    out = net(ids, torch.arange(len(ids)), cache, causal_mask(len(ids), torch.float32, "cpu"))
-    return out.logits
-
-
-def hf_greedy(hf, ids, n):
-    hf.generation_config.eos_token_id = None
-    hf.generation_config.pad_token_id = 0
-    out = hf.generate(ids[None], max_new_tokens=n, do_sample=False, min_new_tokens=n)
-    return out[0, len(ids):].tolist()
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -66,14 +66,18 @@ class Peers:
     """transformers' generate on the same checkpoint (and draft checkpoint)."""
 
     def __init__(self, model, draft_model):
+        self.model = self._load(model)
+        self.draft = None if draft_model is None else self._load(draft_model)
+
+    @staticmethod
+    def _load(model):
+        """transformers' model of the same checkpoint (a GGUF file is dequantized by transformers,
+        a Hub id is the snapshot longspec resolved)."""
         from transformers import AutoModelForCausalLM
 
-        self.model = (AutoModelForCausalLM.from_pretrained(model.path, dtype=model.dtype)
-                      .to(model.device).eval())
-        self.draft = None
-        if draft_model is not None:
-            self.draft = AutoModelForCausalLM.from_pretrained(
-                draft_model.path, dtype=draft_model.dtype).to(draft_model.device).eval()
+        where, extra = model.transformers_location
+        hf = AutoModelForCausalLM.from_pretrained(where, dtype=model.dtype, **extra)
+        return hf.to(model.device).eval()
 
     @staticmethod
     def status(peer: str, sampling: SamplingConfig, context: int, has_draft: bool) -> str:

