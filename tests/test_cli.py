@@ -56,9 +56,19 @@ def test_progress_bar_goes_to_stderr(capsys):
 
 
 def test_demo_command_prints_a_summary_line(capsys):
-    assert main(["demo", "--max-new-tokens", "48"]) == 0
+    assert main(["demo", "--model", "demo", "--max-new-tokens", "48"]) == 0
     out = capsys.readouterr().out
-    assert "[longspec demo] 48 tokens" in out and "tokens/s" in out
+    assert "[longspec demo] 48 tokens" in out and "tokens/s" in out and "faster" in out
+    assert "first 48 tokens identical to plain decoding" in out
+
+
+def test_fetch_command_prints_where_the_model_is(tmp_path, monkeypatch, capsys):
+    target = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    target.parent.mkdir()
+    target.write_bytes(b"GGUF")                  # already fetched: nothing is downloaded
+    monkeypatch.setenv("LONGSPEC_HOME", str(tmp_path))
+    assert main(["fetch", "smollm2"]) == 0
+    assert capsys.readouterr().out.strip() == str(target)
 
 
 def test_stop_string_ends_generation_in_new_text_only():

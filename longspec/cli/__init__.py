@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from . import bench, demo, generate, train
+from . import bench, demo, fetch, generate, train
 from .flags import Parser
 
 
@@ -19,6 +19,7 @@ def build_parser() -> Parser:
     demo.add_parser(sub)
     bench.add_parser(sub)
     train.add_parsers(sub)
+    fetch.add_parser(sub)
     return parser
 
 
