@@ -55,3 +55,20 @@ def test_draft_model_with_another_vocabulary_is_rejected(model, tmp_path):
         longspec.generate(model, [1, 2], max_new_tokens=2, method="draft", draft_model=other)
     with pytest.raises(ValueError, match="needs a draft model"):
         longspec.generate(model, [1, 2], max_new_tokens=2, method="triforce")
+
+
+def test_selfspec_takes_plain_steps_while_its_retrieval_cache_holds_everything(model):
+    # the default retrieval budget (4096) holds this whole context: drafting with it would
+    # be the target itself
+    res = longspec.generate(model, [3, 4, 5, 3, 4], max_new_tokens=20, method="selfspec",
+                            ignore_eos=True, sampling=longspec.SamplingConfig(temperature=0))
+    ref = longspec.generate(model, [3, 4, 5, 3, 4], max_new_tokens=20, method="ar",
+                            ignore_eos=True, sampling=longspec.SamplingConfig(temperature=0))
+    assert res.token_ids == ref.token_ids and res.stats["drafted_tokens"] == 0
+
+
+def test_draft_model_with_a_shorter_context_is_rejected(model, tmp_path):
+    make_checkpoint(tmp_path, "qwen2", max_positions=32)
+    short = longspec.load_model(tmp_path, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="draft model's context"):
+        longspec.generate(model, [1, 2], max_new_tokens=60, method="draft", draft_model=short)

@@ -97,7 +97,7 @@ def test_retrieval_cache_keeps_first_chunk_and_best_chunks_within_budget(model):
     full = filled_full_cache(model, 203)                     # 25 whole chunks + 3 recent tokens
     queries = random_queries(model)
     rc = RetrievalCache(model.config, budget=64, tail=32, dtype=F32, device="cpu")
-    rc.rebuild(full, queries)
+    rc.rebuild(full, lambda: queries)
     assert rc.length == 56 + 3 <= 64 and rc.covered == 203    # 7 chunks + the incomplete one
     for layer in range(model.config.num_layers):
         means = full.k[layer][:, :200].view(2, 25, 8, -1).mean(2)
@@ -114,26 +114,33 @@ def test_retrieval_cache_keeps_first_chunk_and_best_chunks_within_budget(model):
     assert rc.length == 66 and rc.covered == 210
     # a rebuild on the same history restores the same selection
     before = [k[:, :56].clone() for k in rc.k]
-    rc.rebuild(full, queries)
+    rc.rebuild(full, lambda: queries)
     assert all(torch.equal(b, k[:, :56]) for b, k in zip(before, rc.k))
 
 
 def test_retrieval_cache_with_short_history_equals_full_cache(model):
     full = filled_full_cache(model, 40)
     rc = RetrievalCache(model.config, budget=64, tail=16, dtype=F32, device="cpu")
-    rc.rebuild(full, random_queries(model))
+    rc.rebuild(full, lambda: random_queries(model))
     assert rc.length == 40 and torch.equal(rc.k[0][:, :40], full.k[0][:, :40])
 
 
-def test_streaming_cache_keeps_sink_and_recent_window(model):
-    sc = StreamingCache(model.config, window=20, slack=40, dtype=F32, device="cpu", sink=4)
+def test_streaming_cache_keeps_sink_and_recent_window_at_positions_within_it(model):
+    sc = StreamingCache(model.config, window=20, slack=40, dtype=F32, device="cpu",
+                        rotate=model.net.rotate_keys, sink=4)
     ids = torch.randint(0, 300, (50,), generator=torch.Generator().manual_seed(3))
     model.net(ids, torch.arange(50), sc, causal_mask(50, F32, "cpu"))
     sc.commit(50)
     keys = sc.k[0][:, :50].clone()
+    values = sc.v[0][:, :50].clone()
     sc.trim()
     assert sc.length == 24
     assert torch.equal(sc.k[0][:, :4], keys[:, :4])
-    assert torch.equal(sc.k[0][:, 4:24], keys[:, 30:50])
+    assert torch.equal(sc.v[0][:, 4:24], values[:, 30:50])
+    # the first layer's keys depend on the token and its position alone: the moved keys are
+    # those of the same tokens written at slots 4..23
+    fresh = StaticCache(model.config, 24, F32, "cpu")
+    model.net(ids[30:50], torch.arange(4, 24), fresh, causal_mask(20, F32, "cpu"))
+    assert torch.allclose(sc.k[0][:, 4:24], fresh.k[0][:, :20], atol=1e-5)
     sc.trim()
     assert sc.length == 24

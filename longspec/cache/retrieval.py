@@ -8,6 +8,8 @@ keeps its own best chunks, the first chunk (attention sink) always among them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .base import copy_slots
@@ -27,23 +29,26 @@ class RetrievalCache(StaticCache):
         self.budget = budget
         self.chunk = chunk
         self.covered = 0        # committed tokens the cache represents (selected or passed over)
+        self.complete = False   # it holds every committed token: drafting with it is the target
 
     @property
     def tail_room(self) -> int:
         return self.capacity - self.length
 
-    def rebuild(self, full: StaticCache, queries: list[torch.Tensor]) -> None:
-        """Select from the full cache's committed slots, scored with per-layer `queries`."""
+    def rebuild(self, full: StaticCache, queries: Callable[[], list[torch.Tensor]]) -> None:
+        """Select from the full cache's committed slots, scored with per-layer queries (asked
+        for only when there is something to select)."""
         n = full.length
         whole = n // self.chunk
         recent = n - whole * self.chunk          # an incomplete last chunk is always kept
         keep = min(whole, (self.budget - recent) // self.chunk)
-        if keep >= whole:
+        self.complete = keep >= whole
+        if self.complete:
             copy_slots(self, 0, full, 0, n)
             self.length = self.covered = n
             return
         offsets = torch.arange(self.chunk, device=full.k[0].device)
-        for layer, q in enumerate(queries):
+        for layer, q in enumerate(queries()):
             keys = full.k[layer][:, :whole * self.chunk]
             kv, _, d = keys.shape
             means = keys.view(kv, whole, self.chunk, d).mean(dim=2)

@@ -16,15 +16,18 @@ from ..models.transformer import Transformer
 
 
 class ChainModel:
-    def __init__(self, net: Transformer, cache: StaticCache):
+    def __init__(self, net: Transformer, cache: StaticCache, slot_positions: bool = False):
         self.net = net
         self.cache = cache
         self.fed = 0
+        # a token's position: its index in the sequence, or its slot in the cache (StreamingLLM)
+        self.slot_positions = slot_positions
 
     def feed(self, tokens: list[int], last_logits: int = 1) -> torch.Tensor | None:
         """Run `tokens` (the next ones of the sequence) into the cache; return the logits
         [last_logits, vocab] after the last ones (None when last_logits is 0)."""
-        logits = prefill(self.net, tokens, self.cache, self.fed, last_logits=last_logits)
+        first = self.cache.length if self.slot_positions else self.fed
+        logits = prefill(self.net, tokens, self.cache, first, last_logits=last_logits)
         self.fed += len(tokens)
         return logits
 

@@ -37,6 +37,13 @@ def check_draft_model(target, draft) -> None:
         raise ValueError(f"the draft model is on {draft.device}, the target on {target.device}")
 
 
+def check_draft_context(draft, positions: int, fix: str) -> None:
+    """Raise ValueError when the draft model would see positions past its context."""
+    if draft.config.context_limit < positions:
+        raise ValueError(f"the draft model's context ({draft.config.context_limit} positions) is "
+                         f"shorter than the {positions} it would need here; lower {fix}")
+
+
 class AdaptiveGamma:
     """Chain length: one longer after a fully accepted chain, one shorter otherwise."""
 
@@ -53,6 +60,7 @@ class AdaptiveGamma:
 class DraftModelDrafter(Drafter):
     def __init__(self, target, draft, sampler, capacity: int, context: int):
         check_draft_model(target, draft)
+        check_draft_context(draft, context, "max_new_tokens or the prompt length")
         self.sampler = sampler
         self.device = target.device
         self.context = context

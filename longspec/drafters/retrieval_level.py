@@ -43,7 +43,7 @@ class RetrievalLevel:
 
     def _rebuild(self, committed: list[int]) -> None:
         """Re-select chunks with the queries of the root token over the full cache."""
-        self.cache.rebuild(self.full, root_queries(self.target.net, committed, self.full))
+        self.cache.rebuild(self.full, lambda: root_queries(self.target.net, committed, self.full))
         self.since_rebuild = 0
         self.stalled = 0
         self.rebuilds += 1
@@ -59,8 +59,9 @@ class RetrievalLevel:
             self.cache.append_from(self.full, self.full.length)
         self.chain.fed = self.cache.covered
 
-    def settle(self, new_tokens: int, accepted: int) -> None:
+    def settle(self, new_tokens: int, drafted: int, accepted: int) -> None:
         """After the final verification: forget the draft pass, count progress."""
         self.chain.rewind(self.cache.covered)
         self.since_rebuild += new_tokens
-        self.stalled = self.stalled + 1 if accepted == 0 else 0
+        if drafted:
+            self.stalled = self.stalled + 1 if accepted == 0 else 0

@@ -24,16 +24,21 @@ class SelfSpecDrafter(Drafter):
         self.level.attach(cache)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        """A chain drafted over the retrieval cache; while the cache holds the whole context,
+        drafting would be the target itself, so a plain step."""
         self._limit = budget.chain
         gamma = self.gamma.get(budget.chain)
         self.level.sync(committed)
+        if self.level.cache.complete:
+            return DraftTree.chain(committed[-1:], self.device)
         drafts, rows = self.level.chain.draft(committed, gamma, self.sampler.chain_choice)
         probs = torch.softmax(torch.cat(rows), dim=-1) if self.sampler.rejection else None
         return DraftTree.chain([committed[-1], *drafts], self.device, probs)
 
     def observe(self, tree, target_out, verdict) -> None:
-        self.level.settle(len(verdict.tokens), verdict.accept_length)
-        self.gamma.update(tree.n - 1, verdict.accept_length, self._limit)
+        self.level.settle(len(verdict.tokens), tree.n - 1, verdict.accept_length)
+        if tree.n > 1:
+            self.gamma.update(tree.n - 1, verdict.accept_length, self._limit)
 
     def stats(self) -> dict:
         return {"retrieval_rebuilds": self.level.rebuilds}

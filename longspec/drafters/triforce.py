@@ -18,7 +18,7 @@ from ..tree import DraftTree
 from ..verify import speculative_sample, verify_tree
 from .base import Budget, Drafter
 from .chain import ChainModel
-from .draft_model import check_draft_model
+from .draft_model import check_draft_context, check_draft_model
 from .registry import MethodSpec, Option
 from .retrieval_level import LEVEL_OPTIONS, RetrievalLevel
 
@@ -37,14 +37,16 @@ class TriForceDrafter(Drafter):
         slack = max_depth + gamma1 + 2
         self.level = RetrievalLevel(target, budget, rebuild_every, slack)
         # room for a window-sized prefill piece on top of a full window
-        tiny_cache = StreamingCache(draft.config, window, window + slack, draft.dtype, draft.device)
-        self.tiny = ChainModel(draft.net, tiny_cache)
+        tiny_cache = StreamingCache(draft.config, window, window + slack, draft.dtype,
+                                    draft.device, draft.net.rotate_keys)
+        check_draft_context(draft, tiny_cache.capacity, "streaming_window")
+        self.tiny = ChainModel(draft.net, tiny_cache, slot_positions=True)
         self.middle_drafted = 0
         self.middle_accepted = 0
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
         self.level.attach(cache)
-        self.tiny.net.set_context(self.context)
+        self.tiny.net.set_context(self.tiny.cache.capacity)
         for start in range(0, len(prompt_ids) - 1, self.tiny.cache.window):
             self.tiny.catch_up(prompt_ids[:min(start + self.tiny.cache.window,
                                                len(prompt_ids) - 1)],
@@ -77,11 +79,17 @@ class TriForceDrafter(Drafter):
         return new, mid_probs[:k + 1]
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        """The middle level's collected tokens; while the retrieval cache holds the whole
+        context (the middle level would be the target itself), the tiny model's chain."""
         self.level.sync(committed)
         self._start = len(committed)
+        gamma2 = budget.chain
+        if self.level.cache.complete:
+            drafts, rows = self.tiny.draft(committed, gamma2, self.sampler.chain_choice)
+            probs = torch.softmax(torch.cat(rows), dim=-1) if self.sampler.rejection else None
+            return DraftTree.chain([committed[-1], *drafts], self.device, probs)
         collected: list[int] = []
         probs: list[torch.Tensor] = []
-        gamma2 = budget.chain
         while len(collected) < gamma2:
             gamma1 = min(self.gamma1, gamma2 - len(collected))
             new, mid_probs = self.middle_step(committed + collected, collected, gamma1)
@@ -93,7 +101,7 @@ class TriForceDrafter(Drafter):
 
     def observe(self, tree, target_out, verdict) -> None:
         accepted = verdict.accept_length
-        self.level.settle(len(verdict.tokens), accepted)
+        self.level.settle(len(verdict.tokens), tree.n - 1, accepted)
         self.tiny.rewind(min(self.tiny.fed, self._start + accepted))
         self.tiny.cache.trim()
 

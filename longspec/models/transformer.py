@@ -157,6 +157,13 @@ class Transformer(nn.Module):
         self.inv_freq = inv_freq.to(self.device)
         self.rope_scale = scale
 
+    def rotate_keys(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
+        """Cached keys [kv_heads, n, head_dim] moved by `delta` positions (a pure rotation:
+        the keys keep any scale their first rotation gave them)."""
+        cos, sin = rope_cos_sin(torch.tensor([delta], device=keys.device), self.inv_freq, 1.0,
+                                keys.dtype)
+        return apply_rope(keys, cos, sin)
+
     def hidden_to_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: [n, hidden] -> [n, vocab]."""
         h = F.rms_norm(hidden, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
