@@ -4,7 +4,9 @@ requests get OpenAI-style 4xx errors; dropped clients free the worker; metrics c
 
 import json
 import shutil
+import sys
 import threading
+from pathlib import Path
 
 import openai
 import pytest
@@ -227,3 +229,18 @@ def test_metrics_count_requests_tokens_and_drafts(server, client):
     assert m("longspec_spec_decode_num_accepted_tokens_total") >= 0
     assert m('longspec_request_latency_seconds_count{endpoint="/v1/completions"}') >= 2
     assert m("longspec_queue_length") == 0
+
+
+def test_load_test_script_checks_responses(server, monkeypatch, capsys):
+    """benchmarks/load_test.py, run for a moment with one client (a smoke test of the script,
+    not a load test)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
+    import load_test
+
+    for stream in ([], ["--stream"]):
+        monkeypatch.setattr(sys, "argv", ["load_test.py", "--url", server.url, "--clients", "1",
+                                          "--seconds", "0.3", "--max-tokens", "4", *stream])
+        assert load_test.main() == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["ok"] >= 1 and summary["failed"] == 0
+        assert summary["server_rss_bytes"]["after"] > 0 and summary["latency_s"]["p50"] > 0

@@ -75,6 +75,7 @@ def run(args) -> int:
                          default_max_tokens=args.default_max_tokens,
                          draft_model=load_optional(args.draft_model, args.dtype, args.device),
                          heads=args.heads)
+    # on Ctrl-C, open streams get a few seconds, then are cut (and their generations stopped)
     uvicorn.run(create_app(model, config), host=args.host, port=args.port,
-                log_level=args.log_level)
+                log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0

@@ -102,6 +102,8 @@ class Server:
     async def generate(self, request: Request, body: GenerationBody, chat: bool) -> Response:
         arrived = time.monotonic()
         prompt, settings = self.settings(body, chat)
+        if self.worker.queue.full():        # refuse before building anything (checked again)
+            raise self.queue_full()
         try:
             s = await asyncio.to_thread(self.open, prompt, settings)
         except (ValueError, TypeError) as e:
@@ -111,9 +113,7 @@ class Server:
             self.worker.submit(job)
         except QueueFull:
             s.close()
-            raise APIError(503, f"the queue is full ({self.config.max_queue} requests wait "
-                           "already); retry later", "server_error", code="queue_full",
-                           headers={"Retry-After": str(self.worker.retry_after_s())}) from None
+            raise self.queue_full() from None
         shape = Shape(chat, self.config.model_name, settings["seed"], body.return_token_ids)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
@@ -131,22 +131,31 @@ class Server:
             return JSONResponse(timeout_body(self.config.request_timeout), status_code=504)
         return JSONResponse(shape.whole(end.result))
 
+    def queue_full(self) -> APIError:
+        return APIError(503, f"the queue is full ({self.config.max_queue} requests wait "
+                        "already); retry later", "server_error", code="queue_full",
+                        headers={"Retry-After": str(self.worker.retry_after_s())})
+
     async def wait(self, job: Job, request: Request) -> Finished | None:
-        """The job's end; None when the client disconnected first (the job is cancelled)."""
+        """The job's end; None when the client disconnected first. A job whose client is
+        gone (or whose handler is cancelled, at shutdown) is cancelled."""
         loop = asyncio.get_running_loop()
         check_at = loop.time() + DISCONNECT_POLL_S
-        while True:
-            try:
-                item = await asyncio.wait_for(job.events.get(), max(0.0, check_at - loop.time()))
-            except asyncio.TimeoutError:
-                item = None
-            if isinstance(item, Finished):
-                return item
-            if loop.time() >= check_at:
-                if await request.is_disconnected():
-                    job.cancel()
-                    return None
-                check_at = loop.time() + DISCONNECT_POLL_S
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(job.events.get(),
+                                                  max(0.0, check_at - loop.time()))
+                except asyncio.TimeoutError:
+                    item = None
+                if isinstance(item, Finished):
+                    return item
+                if loop.time() >= check_at:
+                    if await request.is_disconnected():
+                        return None
+                    check_at = loop.time() + DISCONNECT_POLL_S
+        finally:
+            job.cancel()        # a no-op once the job has finished
 
     async def events(self, job: Job, shape: Shape, include_usage: bool):
         """Server-sent events of a streamed response. A client that disconnects ends this

@@ -11,7 +11,14 @@ import hmac
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST as PROMETHEUS_TYPE
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from starlette.responses import JSONResponse
 
 from ..api import GenerationResult
@@ -41,6 +48,7 @@ class Metrics:
                                 "draft tokens accepted and committed", registry=r)
         self.queue = Gauge("longspec_queue_length", "requests waiting for the worker",
                            registry=r)
+        ProcessCollector(registry=r)     # process_resident_memory_bytes, CPU seconds (Linux)
 
     def observe_generation(self, result: GenerationResult) -> None:
         s = result.stats
