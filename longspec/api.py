@@ -5,7 +5,7 @@ Every argument is checked before any work, and a bad one raises ValueError namin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .drafters import DraftSetup, check_arguments, get_method
@@ -109,7 +109,7 @@ class Stream:
     is the text of the whole generation."""
 
     def __init__(self, model: Model, engine: Engine, request: Request, prompt_ids: list[int],
-                 progress: bool, resumed: list[int] = ()):
+                 progress: bool, resumed: Sequence[int] = ()):
         self.model = model
         self.engine = engine
         self.request = request

@@ -34,7 +34,7 @@ from .schemas import MAX_SEED, ChatBody, CompletionBody, GenerationBody
 from .worker import Finished, Job, QueueFull, Worker
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
-DISCONNECT_POLL_S = 0.25
+POLL_S = 0.25       # how often a waiting handler looks at its client and its deadline
 
 
 class Server:
@@ -136,24 +136,30 @@ class Server:
                         "already); retry later", "server_error", code="queue_full",
                         headers={"Retry-After": str(self.worker.retry_after_s())})
 
+    async def next_event(self, job: Job):
+        """The job's next event (a Chunk or its Finished), or None when none came within
+        POLL_S. A job whose deadline passes while it still waits in the queue is dropped here
+        (the worker only looks at a job when it reaches it)."""
+        try:
+            return await asyncio.wait_for(job.events.get(), POLL_S)
+        except asyncio.TimeoutError:
+            if job.expired() and not job.started:
+                job.cancel()
+                return Finished(None, timed_out=True)
+            return None
+
     async def wait(self, job: Job, request: Request) -> Finished | None:
         """The job's end; None when the client disconnected first. A job whose client is
         gone (or whose handler is cancelled, at shutdown) is cancelled."""
         loop = asyncio.get_running_loop()
-        check_at = loop.time() + DISCONNECT_POLL_S
+        check_at = loop.time() + POLL_S
         try:
-            while True:
-                try:
-                    item = await asyncio.wait_for(job.events.get(),
-                                                  max(0.0, check_at - loop.time()))
-                except asyncio.TimeoutError:
-                    item = None
-                if isinstance(item, Finished):
-                    return item
+            while not isinstance(item := await self.next_event(job), Finished):
                 if loop.time() >= check_at:
                     if await request.is_disconnected():
                         return None
-                    check_at = loop.time() + DISCONNECT_POLL_S
+                    check_at = loop.time() + POLL_S
+            return item
         finally:
             job.cancel()        # a no-op once the job has finished
 
@@ -163,8 +169,8 @@ class Server:
         try:
             if shape.chat:
                 yield sse(shape.chunk(token_ids=[], first=True))
-            while not isinstance(item := await job.events.get(), Finished):
-                if item.text or shape.token_ids:
+            while not isinstance(item := await self.next_event(job), Finished):
+                if item is not None and (item.text or shape.token_ids):
                     yield sse(shape.chunk(item.text, item.token_ids))
             if item.error is not None:
                 yield sse(failure_body(item.error))

@@ -43,6 +43,7 @@ class Job:
         self.deadline = deadline          # time.monotonic() after which the job is stopped
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()   # Chunk..., then one Finished
+        self.started = False              # the worker has taken it (set on the worker thread)
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -113,6 +114,7 @@ class Worker:
 
     def _run(self, job: Job) -> None:
         stream, timed_out, error = job.stream, False, None
+        job.started = True
         try:
             if job.expired() and not job.cancelled:
                 timed_out = True
