@@ -5,14 +5,21 @@ Every argument is checked before any work, and a bad one raises ValueError namin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .drafters import DraftSetup, check_arguments, get_method
 from .engine import Engine
 from .models.loader import Model
 from .progress import ProgressBar
-from .request import Request, as_int, check_length, checked_settings, encode_prompt
+from .request import (
+    Request,
+    as_int,
+    check_length,
+    checked_settings,
+    encode_prompt,
+    resumed_ids,
+)
 from .sampler import Sampler
 from .stopping import StopRules
 from .text import TextStream, cut_at_stop, decode
@@ -55,7 +62,19 @@ def _stop_rules(model: Model, stop, ignore_eos: bool) -> StopRules:
 
 
 def prepare(model: Model, request: Request) -> tuple[Engine, list[int]]:
-    """Check every argument, then build the engine; nothing runs yet."""
+    """Check every argument, then build the engine; nothing runs yet. Returns the engine and
+    the token ids to start it with (the prompt, then the tokens of `resume_from`)."""
+    engine, prompt_ids, resumed = _prepare(model, request)
+    return engine, prompt_ids + resumed
+
+
+def _prepare(model: Model, request: Request) -> tuple[Engine, list[int], list[int]]:
+    """The engine, the prompt's ids and the resumed ids.
+
+    A resumed run is the same generation as an uninterrupted one: the sampler's noise is keyed
+    on the original prompt and absolute positions, the engine prefills prompt + resumed tokens
+    and has max_new_tokens - len(resumed) left (so the context it plans for is the same), and
+    the stop rules have seen the resumed tokens (a stop string may straddle the seam)."""
     r = request
     if not isinstance(model, Model):
         raise TypeError("model must come from longspec.load_model")
@@ -65,30 +84,46 @@ def prepare(model: Model, request: Request) -> tuple[Engine, list[int]]:
     n, seed, sampling = checked_settings(r)
     prompt_ids = encode_prompt(model, r.prompt)
     check_length(model, len(prompt_ids), n)
+    resumed = resumed_ids(model, r, n)
     rules = _stop_rules(model, r.stop, r.ignore_eos)
+    stop_at = rules.cut(resumed)
+    if stop_at is not None and stop_at < len(resumed):
+        raise ValueError(f"resume_from ends the generation at its token {stop_at - 1} (a stop "
+                         "rule fires there), yet goes on: it was not made with these settings")
     budget, options = spec.resolve(r.options)
     sampler = Sampler(sampling, seed, prompt_ids, model.config.vocab_size, model.device,
                       rejection=r.verify == "rejection")
     context = len(prompt_ids) + n
     drafter = spec.build(DraftSetup(model, budget, options, sampler, r.draft_model, r.heads,
                                     capacity=context + budget.max_nodes + 1, context=context))
-    engine = Engine(model, drafter, sampler, budget, n, rules, r.method)
-    engine.check_memory(len(prompt_ids))
-    return engine, prompt_ids
+    engine = Engine(model, drafter, sampler, budget, n - len(resumed), rules, r.method)
+    engine.done = stop_at is not None or len(resumed) == n    # nothing left to generate
+    engine.check_memory(len(prompt_ids) + len(resumed))
+    return engine, prompt_ids, resumed
 
 
 class Stream:
     """Iterate for `Chunk`s as steps commit them; `result` holds the generation once the
-    iteration ends or `close()` stops it early (what was committed so far)."""
+    iteration ends or `close()` stops it early (what was committed so far). When resuming,
+    `resumed_text` is the text of the resumed tokens, so that resumed_text + the chunks' text
+    is the text of the whole generation."""
 
     def __init__(self, model: Model, engine: Engine, request: Request, prompt_ids: list[int],
-                 progress: bool):
+                 progress: bool, resumed: Sequence[int] = ()):
         self.model = model
         self.engine = engine
         self.request = request
         self.prompt_ids = prompt_ids
+        self.resumed = list(resumed)
         self.progress = progress
         self.result: GenerationResult | None = None
+        tok, r, stop = model.tokenizer, request, engine.stop
+        self._text = (TextStream(tok, prompt_ids[-4:], stop.stop_strings, r.keep_special,
+                                 r.include_stop) if tok is not None else None)
+        self.resumed_text = ""
+        if self._text is not None and self.resumed:
+            self.resumed_text = (self._text.finish(self.resumed, stop.by_string) if engine.done
+                                 else self._text.push(self.resumed))
         self._chunks = self._run()
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -96,26 +131,27 @@ class Stream:
 
     def close(self) -> None:
         self._chunks.close()
+        if self.result is None:     # closed before the first step
+            self.result = self._result(list(self.resumed), self.engine.done)
 
     def _run(self) -> Iterator[Chunk]:
-        tok, r, stop = self.model.tokenizer, self.request, self.engine.stop
-        text = (TextStream(tok, self.prompt_ids[-4:], stop.stop_strings, r.keep_special,
-                           r.include_stop) if tok is not None else None)
-        token_ids: list[int] = []
+        text, stop = self._text, self.engine.stop
+        token_ids = list(self.resumed)
         bar = ProgressBar(self.engine.max_new_tokens, enabled=self.progress)
-        finished = False
+        finished = self.engine.done
         try:
-            for new in self.engine.run(self.prompt_ids):
-                token_ids.extend(new)
-                bar.update(len(new), self.engine.stats)
-                if text is None:
-                    piece = ""
-                elif self.engine.done:
-                    piece = text.finish(new, stop.by_string)
-                else:
-                    piece = text.push(new)
-                yield Chunk(new, piece)
-            finished = True
+            if not finished:
+                for new in self.engine.run(self.prompt_ids + self.resumed):
+                    token_ids.extend(new)
+                    bar.update(len(new), self.engine.stats)
+                    if text is None:
+                        piece = ""
+                    elif self.engine.done:
+                        piece = text.finish(new, stop.by_string)
+                    else:
+                        piece = text.push(new)
+                    yield Chunk(new, piece)
+                finished = True
         finally:
             bar.close()
             self.result = self._result(token_ids, finished)
@@ -128,15 +164,17 @@ class Stream:
             if stop.by_string and not r.include_stop:
                 text = cut_at_stop(text, stop.stop_strings)
         reason = (stop.reason or "length") if finished else "interrupted"
-        return GenerationResult(token_ids, text, self.engine.result_stats(), reason,
-                                len(self.prompt_ids))
+        stats = self.engine.result_stats()
+        if r.resume_from is not None:
+            stats["resumed_tokens"] = len(self.resumed)
+        return GenerationResult(token_ids, text, stats, reason, len(self.prompt_ids))
 
 
 def stream(model: Model, prompt, *, progress: bool = False, **settings) -> Stream:
     """Like `generate`, but returns a `Stream` yielding new tokens as they are committed."""
     request = _request(prompt, settings)
-    engine, prompt_ids = prepare(model, request)
-    return Stream(model, engine, request, prompt_ids, progress)
+    engine, prompt_ids, resumed = _prepare(model, request)
+    return Stream(model, engine, request, prompt_ids, progress, resumed)
 
 
 def generate(model: Model, prompt, *, progress: bool = False, **settings) -> GenerationResult:
@@ -144,7 +182,9 @@ def generate(model: Model, prompt, *, progress: bool = False, **settings) -> Gen
     ([{"role": ..., "content": ...}], through the tokenizer's chat template).
 
     Keyword settings, as `Request` names them: max_new_tokens, method, sampling, seed,
-    draft_model, heads, stop, ignore_eos, verify, options, keep_special, include_stop. Every
+    draft_model, heads, stop, ignore_eos, verify, options, keep_special, include_stop,
+    resume_from (the token ids an interrupted run with the same settings committed: the result
+    is then that of the uninterrupted run, its token_ids the whole generation). Every
     method returns exactly the tokens `ar` returns for the same seed and settings
     (verify="match"); verify="rejection" keeps the distribution instead. `options` tunes the
     method (max_nodes, max_depth and method-specific sizes; see README).

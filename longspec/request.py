@@ -34,6 +34,8 @@ class Request:
     options: Mapping | None = None            # method tuning (max_nodes, max_depth, ...)
     keep_special: bool = False                # keep special tokens in the text
     include_stop: bool = False                # keep the stop string that ended the run
+    resume_from: Any = None                   # token ids an earlier run with these settings
+                                              # committed: continue after them
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -109,6 +111,31 @@ def encode_prompt(model: Model, prompt) -> list[int]:
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
         raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def resumed_ids(model: Model, r: Request, max_new_tokens: int) -> list[int]:
+    """The checked `resume_from` token ids ([] when not resuming)."""
+    if r.resume_from is None:
+        return []
+    if isinstance(r.resume_from, (str, bytes, Mapping)):
+        raise TypeError("resume_from must be a list of token ids")
+    try:
+        ids = [as_int(t, "resume_from token ids") for t in r.resume_from]
+    except TypeError:
+        raise TypeError("resume_from must be a list of token ids") from None
+    vocab = model.config.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"resume_from token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    if len(ids) > max_new_tokens:
+        raise ValueError(f"resume_from holds {len(ids)} tokens, more than max_new_tokens "
+                         f"({max_new_tokens}); pass the max_new_tokens of the run it came from")
+    # rejection sampling draws from a generator whose state depends on every step taken, so a
+    # resumed run could not reproduce the rest of an uninterrupted one
+    if ids and r.verify == "rejection":
+        raise ValueError("resume_from needs verify='match': a run verified by rejection "
+                         "sampling cannot be continued token for token")
     return ids
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from . import bench, demo, fetch, generate, train
+from . import bench, demo, fetch, generate, serve, train
 from .flags import Parser
 
 
@@ -18,6 +18,7 @@ def build_parser() -> Parser:
     generate.add_parser(sub)
     demo.add_parser(sub)
     bench.add_parser(sub)
+    serve.add_parser(sub)
     train.add_parsers(sub)
     fetch.add_parser(sub)
     return parser

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 
@@ -34,7 +33,13 @@ def add_parser(sub) -> None:
     g.add_argument("--include-stop", action="store_true",
                    help="keep the stop string that ended the run in the text")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    g.add_argument("--output", help="append the text to FILE as it is generated")
+    g.add_argument("--output", help="append the text to FILE as it is generated, keeping the "
+                   "committed tokens in FILE.longspec.json for --resume")
+    g.add_argument("--resume", action="store_true", help="continue the run recorded in "
+                   "FILE.longspec.json of --output (same command, same settings), even after a "
+                   "kill; a new run when there is none")
+    g.add_argument("--checkpoint-every", type=float, default=0.5, metavar="SECONDS",
+                   help="at most how often FILE.longspec.json is rewritten (default 0.5)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     g.set_defaults(run=run)
 
@@ -42,34 +47,48 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..api import stream
     from ..models import load_model
+    from ..request import Request
+    from .output import RunOutput
 
     sampling = sampling_from_args(args)
     _, options = method_from_args(args)
     prompt = prompt_from_args(args)
+    if args.resume and not args.output:
+        raise ValueError("--resume continues the run written to --output FILE: pass --output")
+    if not args.checkpoint_every >= 0:
+        raise ValueError(f"--checkpoint-every must be >= 0 seconds, got {args.checkpoint_every}")
     check_writable(args.output, "--output")
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     draft = load_optional(args.draft_model, args.dtype, args.device)
-    s = stream(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
-               sampling=sampling, seed=args.seed, draft_model=draft, heads=args.heads,
-               stop=args.stop, ignore_eos=args.ignore_eos, verify=args.verify,
-               progress=not args.no_progress, options=options, keep_special=args.keep_special,
-               include_stop=args.include_stop)
+    settings = {"max_new_tokens": args.max_new_tokens, "method": args.method,
+                "sampling": sampling, "seed": args.seed, "draft_model": draft,
+                "heads": args.heads, "stop": args.stop, "ignore_eos": args.ignore_eos,
+                "verify": args.verify, "options": options, "keep_special": args.keep_special,
+                "include_stop": args.include_stop}
+    out = None
+    if args.output:
+        out = RunOutput.open(args.output, model, Request(prompt, **settings), args.resume,
+                             args.checkpoint_every)
+    s = stream(model, prompt, progress=not args.no_progress,
+               resume_from=out.resume_from if out else None, **settings)
     interrupted = False
-    with contextlib.ExitStack() as stack:
-        out = stack.enter_context(open(args.output, "a", encoding="utf-8")) if args.output else None
-        try:
-            for chunk in s:
-                if not chunk.text:
-                    continue
-                if out:
-                    out.write(chunk.text)
-                    out.flush()
-                if not args.json:
-                    sys.stdout.write(chunk.text)
-                    sys.stdout.flush()
-        except KeyboardInterrupt:
-            interrupted = True      # keep what was made: the file has it, the JSON gets it
-            s.close()
+    if not args.json:
+        sys.stdout.write(s.resumed_text)
+    try:
+        if out:
+            out.start(s)
+        for chunk in s:
+            if out:
+                out.add(chunk)
+            if chunk.text and not args.json:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        interrupted = True      # keep what was made: the file has it, the JSON gets it
+        s.close()
+    finally:
+        if out:
+            out.close(s)
     if args.json:
         r = s.result
         print(json.dumps({"token_ids": r.token_ids, "text": r.text, "stats": r.stats,
@@ -77,6 +96,7 @@ def run(args) -> int:
     else:
         sys.stdout.write("\n")
     if interrupted:
-        print("longspec: interrupted; the text so far was kept", file=sys.stderr)
+        hint = "; continue it with --resume" if out else ""
+        print(f"longspec: interrupted; the text so far was kept{hint}", file=sys.stderr)
         return 130
     return 0

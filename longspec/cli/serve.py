@@ -1,0 +1,81 @@
+"""`longspec serve`: an OpenAI-compatible server for one model (longspec/serve)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+
+from .flags import load_optional, model_flags
+
+API_KEY_ENV = "LONGSPEC_API_KEY"
+
+
+def add_parser(sub) -> None:
+    from ..serve.config import ServeConfig, default_method
+
+    defaults = ServeConfig(model_name="")
+    s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    s.add_argument("model", help="checkpoint directory or bundled name")
+    s.add_argument("--method", default=default_method(),
+                   help="method of requests that name none (default: %(default)s)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: loopback only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV})")
+    s.add_argument("--max-queue", type=int, default=defaults.max_queue,
+                   help="requests that may wait while one runs; more get 503 (default: "
+                   "%(default)s)")
+    s.add_argument("--request-timeout", type=float, default=defaults.request_timeout,
+                   help="seconds from a request's arrival to its last token (default: "
+                   "%(default)s)")
+    s.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens,
+                   help="cap on new tokens for chat requests without max_tokens (default: "
+                   "%(default)s)")
+    s.add_argument("--served-model-name", help="the model id clients send (default: MODEL as "
+                   "given)")
+    s.add_argument("--draft-model", help="draft model for methods that need one")
+    s.add_argument("--heads", help="multi-token heads directory for methods that take heads")
+    s.add_argument("--log-level", default="info")
+    model_flags(s)
+    s.set_defaults(run=run)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from ..drafters import get_method
+    from ..models import load_model
+    from ..serve import ServeConfig, create_app
+
+    get_method(args.method)
+    for flag, value, low in (("--max-queue", args.max_queue, 1),
+                             ("--default-max-tokens", args.default_max_tokens, 1)):
+        if value < low:
+            raise ValueError(f"{flag} must be at least {low}, got {value}")
+    if not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+    if args.api_key is not None and not args.api_key:
+        raise ValueError("--api-key is empty: pass a key, or leave the flag out")
+    if not _loopback(args.host) and args.api_key is None:
+        print(f"longspec: warning: serving on {args.host} with no --api-key: anyone who can "
+              "reach it can use it", file=sys.stderr)
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    config = ServeConfig(model_name=args.served_model_name or args.model, method=args.method,
+                         api_key=args.api_key, max_queue=args.max_queue,
+                         request_timeout=args.request_timeout,
+                         default_max_tokens=args.default_max_tokens,
+                         draft_model=load_optional(args.draft_model, args.dtype, args.device),
+                         heads=args.heads)
+    # on Ctrl-C, open streams get a few seconds, then are cut (and their generations stopped)
+    uvicorn.run(create_app(model, config), host=args.host, port=args.port,
+                log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0

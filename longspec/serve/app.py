@@ -1,0 +1,260 @@
+"""The OpenAI-compatible HTTP server: routes, request -> generation settings, and waiting on the
+worker (streamed as server-sent events, or whole).
+
+Every check runs before a request is queued: the body against its pydantic model, then the
+model name, n and unsupported fields, then longspec's own (prepare: the prompt, the method, the
+context, memory), whose ValueError/TypeError become 400s. A queued request therefore always
+runs. Timeouts (--request-timeout, counted from the request's arrival, queue included): the
+generation stops at the next step; a non-streaming client gets a 504 with an OpenAI-style error
+body (not a truncated completion it could mistake for a whole one); a streaming client, whose
+200 has gone out with the first chunks, gets an error event and then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from ..api import Stream, stream
+from ..drafters import METHODS
+from ..models.loader import Model
+from ..request import encode_prompt
+from ..sampling import SamplingConfig
+from .config import ServeConfig
+from .metrics import PROMETHEUS_TYPE, ApiKeyMiddleware, Metrics, MetricsMiddleware
+from .responses import APIError, Shape, error_body, failure_body, sse, timeout_body
+from .schemas import MAX_SEED, ChatBody, CompletionBody, GenerationBody
+from .worker import Finished, Job, QueueFull, Worker
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
+POLL_S = 0.25       # how often a waiting handler looks at its client and its deadline
+
+
+class Server:
+    def __init__(self, model: Model, config: ServeConfig, metrics: Metrics):
+        self.model = model
+        self.config = config
+        self.metrics = metrics
+        self.worker = Worker(config.max_queue, on_result=metrics.observe_generation)
+        metrics.queue.set_function(self.worker.waiting)
+
+    # -- a request's settings -------------------------------------------------------------------
+
+    def settings(self, body: GenerationBody, chat: bool) -> tuple[object, dict]:
+        """The prompt and `stream`'s keyword settings; APIError for what pydantic lets pass."""
+        cfg = self.config
+        if body.model != cfg.model_name:
+            raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
+                           f"{cfg.model_name!r}", param="model", code="model_not_found")
+        if body.n != 1:
+            raise APIError(400, f"n must be 1, got {body.n}: longspec generates one sequence "
+                           "per request", param="n")
+        bad = body.unsupported()
+        if bad is not None:
+            raise APIError(400, f"{bad[0]}={bad[1]!r} is not supported by longspec; leave it "
+                           "out", param=bad[0])
+        if chat:
+            try:
+                prompt = [{"role": m.role, "content": m.text()} for m in body.messages]
+            except ValueError as e:
+                raise APIError(400, str(e), param="messages") from None
+            max_tokens = body.max_completion_tokens or body.max_tokens
+        else:
+            prompt = body.prompt
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+                if len(prompt) != 1:
+                    raise APIError(400, f"one prompt per request, got {len(prompt)}",
+                                   param="prompt")
+                prompt = prompt[0]
+            max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+        sampling = SamplingConfig(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0,
+            penalty=body.repetition_penalty or 1.0,
+            penalty_window=body.penalty_window or SamplingConfig.penalty_window)
+        method = body.method or cfg.method
+        spec = METHODS.get(method)
+        return prompt, {
+            "max_new_tokens": max_tokens, "method": method, "sampling": sampling,
+            "seed": secrets.randbelow(MAX_SEED + 1) if body.seed is None else body.seed,
+            "stop": body.stop, "ignore_eos": body.ignore_eos, "options": body.options,
+            "draft_model": cfg.draft_model if spec and spec.needs_draft_model else None,
+            "heads": cfg.heads if spec and spec.needs_heads else None}
+
+    def open(self, prompt, settings: dict) -> Stream:
+        """longspec's checks and the engine, built; nothing runs (called off the event loop)."""
+        if settings["max_new_tokens"] is None:
+            used = len(encode_prompt(self.model, prompt))
+            room = self.model.config.context_limit - used
+            settings["max_new_tokens"] = max(1, min(room, self.config.default_max_tokens))
+        return stream(self.model, prompt, **settings)
+
+    # -- one request ----------------------------------------------------------------------------
+
+    async def generate(self, request: Request, body: GenerationBody, chat: bool) -> Response:
+        arrived = time.monotonic()
+        prompt, settings = self.settings(body, chat)
+        if self.worker.queue.full():        # refuse before building anything (checked again)
+            raise self.queue_full()
+        try:
+            s = await asyncio.to_thread(self.open, prompt, settings)
+        except (ValueError, TypeError) as e:
+            raise APIError(400, str(e)) from None
+        job = Job(s, arrived + self.config.request_timeout, asyncio.get_running_loop())
+        try:
+            self.worker.submit(job)
+        except QueueFull:
+            s.close()
+            raise self.queue_full() from None
+        shape = Shape(chat, self.config.model_name, settings["seed"], body.return_token_ids)
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(self.events(job, shape, usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        end = await self.wait(job, request)
+        if end is None:
+            return Response(status_code=499)     # the client left; nobody reads this
+        if end.error is not None:
+            return JSONResponse(failure_body(end.error), status_code=500)
+        if end.result is None and not end.timed_out:
+            return JSONResponse(error_body("the server is shutting down", "server_error"), 503)
+        if end.timed_out:
+            return JSONResponse(timeout_body(self.config.request_timeout), status_code=504)
+        return JSONResponse(shape.whole(end.result))
+
+    def queue_full(self) -> APIError:
+        return APIError(503, f"the queue is full ({self.config.max_queue} requests wait "
+                        "already); retry later", "server_error", code="queue_full",
+                        headers={"Retry-After": str(self.worker.retry_after_s())})
+
+    async def next_event(self, job: Job):
+        """The job's next event (a Chunk or its Finished), or None when none came within
+        POLL_S. A job whose deadline passes while it still waits in the queue is dropped here
+        (the worker only looks at a job when it reaches it)."""
+        try:
+            return await asyncio.wait_for(job.events.get(), POLL_S)
+        except asyncio.TimeoutError:
+            if job.expired() and not job.started:
+                job.cancel()
+                return Finished(None, timed_out=True)
+            return None
+
+    async def wait(self, job: Job, request: Request) -> Finished | None:
+        """The job's end; None when the client disconnected first. A job whose client is
+        gone (or whose handler is cancelled, at shutdown) is cancelled."""
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + POLL_S
+        try:
+            while not isinstance(item := await self.next_event(job), Finished):
+                if loop.time() >= check_at:
+                    if await request.is_disconnected():
+                        return None
+                    check_at = loop.time() + POLL_S
+            return item
+        finally:
+            job.cancel()        # a no-op once the job has finished
+
+    async def events(self, job: Job, shape: Shape, include_usage: bool):
+        """Server-sent events of a streamed response. A client that disconnects ends this
+        generator (cancelled or closed), and the `finally` cancels the job."""
+        try:
+            if shape.chat:
+                yield sse(shape.chunk(token_ids=[], first=True))
+            while not isinstance(item := await self.next_event(job), Finished):
+                if item is not None and (item.text or shape.token_ids):
+                    yield sse(shape.chunk(item.text, item.token_ids))
+            if item.error is not None:
+                yield sse(failure_body(item.error))
+            elif item.timed_out or item.result is None:
+                yield sse(timeout_body(self.config.request_timeout) if item.timed_out
+                          else error_body("the server is shutting down", "server_error"))
+            else:
+                yield sse(shape.last_chunk(item.result))
+                if include_usage:
+                    yield sse(shape.usage_chunk(item.result))
+            yield sse("[DONE]")
+        finally:
+            job.cancel()
+
+
+def _field_path(err: dict) -> list[str]:
+    """An error's location without "body" and the names pydantic gives union members."""
+    return [str(p) for p in err.get("loc", ()) if p != "body" and not str(p).startswith(
+        ("str", "int", "float", "bool", "list[", "dict[", "function-", "nullable["))]
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        reason = first.get("ctx", {}).get("error", "")
+        return f"the request body is not valid JSON ({reason})", None
+    loc = _field_path(first)
+    if not loc:
+        return "the request body must be a JSON object with the request's fields", None
+    # a union fails once per member: say what each member wanted
+    wanted = dict.fromkeys(e.get("msg") for e in errors if _field_path(e) == loc)
+    return f"{'.'.join(loc)}: {', or '.join(wanted)}", loc[0]
+
+
+def create_app(model: Model, config: ServeConfig) -> FastAPI:
+    metrics = Metrics()
+    server = Server(model, config, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(server.worker.stop)
+
+    app = FastAPI(title="longspec", lifespan=lifespan)
+    app.state.server = server
+    app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+    @app.exception_handler(APIError)
+    async def api_error(request, exc: APIError):
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, "invalid_request_error", param), 400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": config.model_name, "object": "model", "created": 0, "owned_by": "longspec",
+            "max_model_len": model.config.context_limit}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionBody):
+        return await server.generate(request, body, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatBody):
+        return await server.generate(request, body, chat=True)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.exposition(), media_type=PROMETHEUS_TYPE)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "waiting": server.worker.waiting(),
+                "running": server.worker.current is not None}
+
+    return app

@@ -1,0 +1,116 @@
+"""Prometheus metrics of the server, and the two ASGI middlewares that sit in front of every
+route: request counting/latency (outermost, so refused requests count too) and the API key.
+
+Metric names follow vLLM's where vLLM has one (spec_decode_num_draft_tokens, ...), prefixed
+`longspec_`. Each app has its own registry, so several servers can live in one process.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST as PROMETHEUS_TYPE
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from starlette.responses import JSONResponse
+
+from ..api import GenerationResult
+from .responses import error_body
+
+ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics", "/health")
+# a long generation takes minutes: buckets up to the default request timeout
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("longspec_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.latency = Histogram("longspec_request_latency_seconds",
+                                 "time from request to the end of the response (streams "
+                                 "included)", ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.generated = Counter("longspec_generation_tokens", "new tokens generated",
+                                 registry=r)
+        self.steps = Counter("longspec_spec_decode_num_drafts",
+                             "verify steps (one draft proposal each)", registry=r)
+        self.drafted = Counter("longspec_spec_decode_num_draft_tokens",
+                               "draft tokens offered for verification", registry=r)
+        self.accepted = Counter("longspec_spec_decode_num_accepted_tokens",
+                                "draft tokens accepted and committed", registry=r)
+        self.queue = Gauge("longspec_queue_length", "requests waiting for the worker",
+                           registry=r)
+        ProcessCollector(registry=r)     # process_resident_memory_bytes, CPU seconds (Linux)
+
+    def observe_generation(self, result: GenerationResult) -> None:
+        s = result.stats
+        self.generated.inc(s["new_tokens"])
+        self.steps.inc(s["steps"])
+        self.drafted.inc(s["drafted_tokens"])
+        self.accepted.inc(s["accepted_draft_tokens"])
+
+    def observe_request(self, path: str, status: int, seconds: float) -> None:
+        endpoint = path if path in ENDPOINTS else "other"
+        self.requests.labels(endpoint, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by endpoint and status and times it to its last byte."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        begin, status = time.perf_counter(), 500
+
+        async def send_and_note(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            self.metrics.observe_request(scope["path"], status, time.perf_counter() - begin)
+
+
+class ApiKeyMiddleware:
+    """With a key set, every /v1 route needs `Authorization: Bearer KEY` (/health and /metrics
+    stay open, for probes and scrapers on the operator's side)."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app = app
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if (self.expected is not None and scope["type"] == "http"
+                and scope["path"].startswith("/v1")):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                what = "wrong" if given else "missing"
+                body = error_body(f"the API key is {what}: send the header 'Authorization: "
+                                  "Bearer KEY' with the server's --api-key",
+                                  "invalid_request_error", code="invalid_api_key")
+                response = JSONResponse(body, status_code=401,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+__all__ = ["PROMETHEUS_TYPE", "ApiKeyMiddleware", "Metrics", "MetricsMiddleware"]

@@ -1,0 +1,96 @@
+"""Request bodies of the OpenAI-compatible endpoints, checked by pydantic before anything is
+queued. Types are strict (the string "5" is not a number); fields a client may send that do not
+change the output (`user`, `metadata`, ...) are ignored; fields that would change it and that
+longspec does not implement are refused unless they hold their neutral value (UNSUPPORTED).
+
+Besides OpenAI's fields, a request may carry longspec's (vLLM's names where vLLM has them):
+min_p, top_k (0 or -1: off), repetition_penalty (longspec's contextual penalty, over the last
+penalty_window tokens), method, options, ignore_eos, return_token_ids.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_SEED = 2**63 - 1
+
+# field -> its neutral values, accepted (and ignored)
+UNSUPPORTED = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
+    "best_of": (None, 1), "suffix": (None, ""), "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
+    "tool_choice": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    include_usage: bool = False
+
+
+class GenerationBody(BaseModel):
+    """What completions and chat completions share."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # longspec's
+    min_p: float | None = Field(None, ge=0, lt=1)
+    top_k: int | None = Field(None, ge=-1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    penalty_window: int | None = Field(None, ge=1)
+    method: str | None = None
+    options: dict[str, int | str] | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+
+    def unsupported(self) -> tuple[str, object] | None:
+        """The first field set to a value longspec cannot honour, with that value."""
+        extra = self.model_extra or {}
+        for name, neutral in UNSUPPORTED.items():
+            if name in extra and not any(extra[name] == v for v in neutral):
+                return name, extra[name]
+        return None
+
+
+class CompletionBody(GenerationBody):
+    prompt: str | list[int] | list[str]
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        """The message's text; parts other than text are refused (ValueError)."""
+        if self.content is None:
+            if self.role != "assistant":     # only an assistant's turn may be empty
+                raise ValueError(f"a message of role {self.role!r} needs content")
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ValueError(f"message content of type {part.type!r} is not supported: "
+                                 "longspec serves text models")
+        return "".join(part.text for part in self.content)
+
+
+class ChatBody(GenerationBody):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)

@@ -1,0 +1,246 @@
+"""`longspec serve` with the `openai` package as the client, against a server on a free loopback
+port: outputs equal the library's token for token, streamed or whole, concurrent or not; bad
+requests get OpenAI-style 4xx errors; dropped clients free the worker; metrics count."""
+
+import json
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+import openai
+import pytest
+from serving import ServerThread
+
+import longspec
+from longspec.serve import ServeConfig, default_method
+
+TEMPLATE = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
+MESSAGES = [{"role": "system", "content": "Write Python."},
+            {"role": "user", "content": "A function that parses a date."}]
+SAMPLED = {"temperature": 0.8, "top_p": 0.9, "seed": 11,
+           "extra_body": {"min_p": 0.05, "top_k": 50, "repetition_penalty": 1.2,
+                          "penalty_window": 32, "method": "pld", "ignore_eos": True,
+                          "return_token_ids": True}}
+SAMPLED_SETTINGS = {"sampling": longspec.SamplingConfig(temperature=0.8, top_p=0.9, min_p=0.05,
+                                                        top_k=50, penalty=1.2,
+                                                        penalty_window=32),
+                    "seed": 11, "method": "pld", "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serve") / "demo-chat"
+    shutil.copytree(longspec.demo_path("demo"), out)
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = TEMPLATE
+    cfg_path.write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(chat_dir):
+    return longspec.load_model(chat_dir, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    with ServerThread(model, ServeConfig("demo-chat", method=default_method())) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+
+
+def test_models_lists_the_served_model_and_health_is_ok(client, server):
+    assert [m.id for m in client.models.list()] == ["demo-chat"]
+    assert server.health()["status"] == "ok"
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_completion_is_token_identical_to_generate(client, model, sampled):
+    kwargs = SAMPLED if sampled else {"temperature": 0, "extra_body": {"return_token_ids": True}}
+    res = client.completions.create(model="demo-chat", prompt="def parse(text):\n",
+                                    max_tokens=40, **kwargs)
+    ref = longspec.generate(model, "def parse(text):\n", max_new_tokens=40,
+                            **(SAMPLED_SETTINGS if sampled else
+                               {"sampling": longspec.SamplingConfig(temperature=0)}))
+    choice = res.choices[0]
+    assert choice.text == ref.text and choice.model_extra["token_ids"] == ref.token_ids
+    assert choice.finish_reason == {"eos": "stop", "stop": "stop", "length": "length"}[
+        ref.finish_reason]
+    assert res.usage.prompt_tokens == ref.prompt_tokens
+    assert res.usage.completion_tokens == len(ref.token_ids)
+    assert res.usage.total_tokens == ref.prompt_tokens + len(ref.token_ids)
+    spec = res.model_extra["speculative"]
+    if sampled:
+        assert spec["method"] == "pld" and spec["num_drafts"] == ref.stats["steps"]
+        assert spec["num_draft_tokens"] == ref.stats["drafted_tokens"]
+        assert spec["num_accepted_tokens"] == ref.stats["accepted_draft_tokens"]
+        assert spec["mean_acceptance_length"] == pytest.approx(ref.stats["mean_accepted_length"])
+
+
+def test_chat_completion_equals_generate_on_the_messages(client, model):
+    res = client.chat.completions.create(model="demo-chat", messages=MESSAGES, max_tokens=24,
+                                         stop=["\n\n"], **SAMPLED)
+    ref = longspec.generate(model, MESSAGES, max_new_tokens=24, stop=["\n\n"],
+                            **SAMPLED_SETTINGS)
+    assert res.choices[0].message.content == ref.text and res.choices[0].message.role == \
+        "assistant"
+    assert res.choices[0].model_extra["token_ids"] == ref.token_ids
+    assert res.usage.prompt_tokens == ref.prompt_tokens and res.model_extra["seed"] == 11
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streaming_equals_non_streaming(client, chat):
+    if chat:
+        def create(**kw):
+            return client.chat.completions.create(model="demo-chat", messages=MESSAGES,
+                                                  max_tokens=30, **SAMPLED, **kw)
+    else:
+        def create(**kw):
+            return client.completions.create(model="demo-chat", prompt="import os\n",
+                                             max_tokens=30, **SAMPLED, **kw)
+    whole = create()
+    chunks = list(create(stream=True, stream_options={"include_usage": True}))
+    pieces = [(c.choices[0].delta.content or "") if chat else c.choices[0].text
+              for c in chunks if c.choices]
+    ids = [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]]
+    w = whole.choices[0]
+    assert "".join(pieces) == (w.message.content if chat else w.text)
+    assert ids == w.model_extra["token_ids"]
+    last = [c for c in chunks if c.choices][-1]
+    assert last.choices[0].finish_reason == w.finish_reason
+    assert last.model_extra["speculative"] == whole.model_extra["speculative"]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 30
+
+
+def test_concurrent_clients_each_get_their_own_generation(client, model):
+    results = {}
+
+    def ask(seed):
+        results[seed] = client.completions.create(
+            model="demo-chat", prompt="class Parser:\n", max_tokens=16, seed=seed,
+            extra_body={"ignore_eos": True, "return_token_ids": True}).choices[0]
+
+    threads = [threading.Thread(target=ask, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for seed, choice in results.items():
+        ref = longspec.generate(model, "class Parser:\n", max_new_tokens=16, seed=seed,
+                                ignore_eos=True)
+        assert choice.model_extra["token_ids"] == ref.token_ids and choice.text == ref.text
+    assert len(results) == 4
+
+
+GOOD = {"model": "demo-chat", "prompt": "x = 1\n", "max_tokens": 4}
+CHAT = {"model": "demo-chat", "messages": MESSAGES, "max_tokens": 4}
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/v1/completions", {**GOOD, "max_tokens": -5}, 400, "max_tokens"),
+    ("/v1/completions", {**GOOD, "max_tokens": 10**9}, 400, None),
+    ("/v1/completions", {**GOOD, "max_tokens": "12"}, 400, "max_tokens"),
+    ("/v1/completions", {**GOOD, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {**GOOD, "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {**GOOD, "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {**GOOD, "seed": -1}, 400, "seed"),
+    ("/v1/completions", {**GOOD, "stop": 5}, 400, "stop"),
+    ("/v1/completions", {**GOOD, "n": 2}, 400, "n"),
+    ("/v1/completions", {**GOOD, "logprobs": 3}, 400, "logprobs"),
+    ("/v1/completions", {**GOOD, "model": "gpt-4o"}, 404, "model"),
+    ("/v1/completions", {**GOOD, "method": "nope"}, 400, None),
+    ("/v1/completions", {**GOOD, "method": "pld", "options": {"max_nodes": 0}}, 400, None),
+    ("/v1/completions", {**GOOD, "prompt": ""}, 400, None),
+    ("/v1/completions", {**GOOD, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", {**GOOD, "prompt": [5] * 131_073}, 400, None),
+    ("/v1/completions", {"model": "demo-chat", "max_tokens": 4}, 400, "prompt"),
+    ("/v1/completions", [GOOD], 400, None),
+    ("/v1/completions", b'{"model": "demo-chat", "prompt": "x"', 400, None),
+    ("/v1/chat/completions", {"model": "demo-chat"}, 400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user"}]}, 400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 3}]}, 400,
+     "messages"),
+])
+def test_bad_requests_get_openai_style_errors(server, path, body, status, param):
+    got, _, payload = server.request("POST", path, body)
+    assert got == status, payload
+    err = payload["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+    if body == {**GOOD, "prompt": [5] * 131_073}:
+        assert "the prompt is too long" in err["message"]
+
+
+def test_after_bad_requests_the_worker_still_serves(server, client):
+    server.request("POST", "/v1/completions", b"{")
+    server.request("POST", "/v1/completions", {**GOOD, "max_tokens": -1})
+    res = client.completions.create(model="demo-chat", prompt="x = 1\n", max_tokens=3)
+    assert res.usage.completion_tokens <= 3 and server.wait_idle() < 5
+
+
+def test_unsupported_route_and_method_are_openai_errors(server):
+    status, _, payload = server.request("GET", "/v1/nothing")
+    assert status == 404 and payload["error"]["message"]
+    status, _, payload = server.request("GET", "/v1/completions")
+    assert status == 405 and payload["error"]["message"]
+
+
+LONG = {"model": "demo-chat", "prompt": "def main():\n", "max_tokens": 5000, "ignore_eos": True}
+
+
+def test_a_dropped_stream_cancels_its_generation_and_frees_the_worker(server, client):
+    before = server.metric("longspec_generation_tokens_total")
+    conn = server.open_stream(LONG)
+    server.wait_running()
+    conn.resp.close()
+    conn.close()
+    assert server.wait_idle() < 3
+    res = client.completions.create(model="demo-chat", prompt="x", max_tokens=2)
+    assert res.usage.completion_tokens <= 2
+    assert server.metric("longspec_generation_tokens_total") - before < 2000
+
+
+def test_a_dropped_non_streaming_request_is_cancelled(server):
+    before = server.metric("longspec_generation_tokens_total")
+    with pytest.raises(TimeoutError):
+        server.request("POST", "/v1/completions", LONG, timeout=1.0)
+    assert server.wait_idle() < 3
+    assert server.metric("longspec_generation_tokens_total") - before < 2000
+
+
+def test_metrics_count_requests_tokens_and_drafts(server, client):
+    client.completions.create(model="demo-chat", prompt="import sys\n", max_tokens=20,
+                              extra_body={"method": "pld", "ignore_eos": True})
+    server.request("POST", "/v1/completions", {**GOOD, "top_p": 7})
+    m = server.metric
+    assert m('longspec_requests_total{endpoint="/v1/completions",status="200"}') >= 1
+    assert m('longspec_requests_total{endpoint="/v1/completions",status="400"}') >= 1
+    assert m("longspec_generation_tokens_total") >= 20
+    assert m("longspec_spec_decode_num_draft_tokens_total") > 0
+    assert m("longspec_spec_decode_num_accepted_tokens_total") >= 0
+    assert m('longspec_request_latency_seconds_count{endpoint="/v1/completions"}') >= 2
+    assert m("longspec_queue_length") == 0
+
+
+def test_load_test_script_checks_responses(server, monkeypatch, capsys):
+    """benchmarks/load_test.py, run for a moment with one client (a smoke test of the script,
+    not a load test)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
+    import load_test
+
+    for stream in ([], ["--stream"]):
+        monkeypatch.setattr(sys, "argv", ["load_test.py", "--url", server.url, "--clients", "1",
+                                          "--seconds", "0.3", "--max-tokens", "4", *stream])
+        assert load_test.main() == 0
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["ok"] >= 1 and summary["failed"] == 0
+        assert summary["server_rss_bytes"]["after"] > 0 and summary["latency_s"]["p50"] > 0
