@@ -1,0 +1,113 @@
+"""Methods side by side on chat prompts that ask for long answers, one process, with the
+token-identity check against `ar` and transformers' generate (plain and prompt lookup) as peers.
+
+Each run starts cold: what drafters learn across calls on a model (earlier outputs, the
+recycling matrix, calibrations) is cleared before every generation, so no run profits from
+an earlier run of the same prompt. Runs generate exactly --new-tokens tokens (EOS ignored).
+
+    python benchmarks/chat_bench.py --model smollm2 --dtype bfloat16 --new-tokens 1024 \\
+        --methods ar,auto,suffix,recycling,pld,hf,hf-pld --settings greedy,t07 --out chat.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+import longspec
+from longspec.bench.runner import Peers
+from longspec.request import encode_prompt
+
+PROMPTS = [
+    ("Write a Python module that implements an LRU cache with a time-to-live for each entry, "
+    "with docstrings, type hints and unit tests."),
+    ("Explain in detail how the TCP three-way handshake, flow control and congestion control "
+    "work, with examples."),
+    "Write a long short story about a lighthouse keeper who discovers a message in a bottle.",
+    ("Write a detailed tutorial on SQL joins (inner, left, right, full, cross, self) with "
+    "example tables and queries for each."),
+    ("Explain the causes, main events and consequences of the French Revolution, in a long "
+    "essay with sections."),
+    ("Write a JavaScript implementation of a to-do list web app (HTML, CSS and JS) and explain "
+    "each part of the code."),
+    ("Describe how a compiler works, from lexing and parsing to optimisation and code "
+    "generation, with a small worked example."),
+    ("Write a comprehensive guide to caring for houseplants: light, water, soil, pests and "
+    "propagation, plant by plant."),
+]
+SETTINGS = {"greedy": longspec.SamplingConfig(temperature=0),
+            "t07": longspec.SamplingConfig(temperature=0.7, top_p=0.9)}
+PEERS = ("hf", "hf-pld")
+
+
+def run_one(model, peers, method: str, prompt_ids: list[int], n: int, sampling) -> dict:
+    model.state.clear()
+    if method in PEERS:
+        start = time.perf_counter()
+        tokens = peers.generate(method, prompt_ids, n, sampling, seed=0)
+        seconds = time.perf_counter() - start
+        return {"tokens": tokens, "seconds": seconds, "tok_s": len(tokens) / seconds}
+    res = longspec.generate(model, prompt_ids, max_new_tokens=n, method=method,
+                            sampling=sampling, seed=0, ignore_eos=True)
+    s = res.stats
+    return {"tokens": res.token_ids, "seconds": s["decode_s"], "tok_s": s["tokens_per_s"],
+            "len": s["mean_accepted_length"], "nodes": s["mean_tree_nodes"],
+            "sources": s.get("sources")}
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--new-tokens", type=int, default=1024)
+    p.add_argument("--methods", default="ar,auto,suffix,recycling,pld,hf,hf-pld")
+    p.add_argument("--settings", default="greedy,t07")
+    p.add_argument("--prompts", type=int, default=len(PROMPTS))
+    p.add_argument("--out", default="chat_bench.json")
+    args = p.parse_args()
+    model = longspec.load_model(args.model, dtype=args.dtype, device="cpu")
+    methods = args.methods.split(",")
+    peers = Peers(model, None) if any(m in PEERS for m in methods) else None
+    rows = []
+    for setting in args.settings.split(","):
+        sampling = SETTINGS[setting]
+        for k, text in enumerate(PROMPTS[:args.prompts]):
+            ids = encode_prompt(model, [{"role": "user", "content": text}])
+            run_one(model, peers, "ar", ids, 16, sampling)               # warm-up
+            results = {m: run_one(model, peers, m, ids, args.new_tokens, sampling)
+                       for m in methods}
+            ref = results["ar"]
+            for m, r in results.items():
+                row = {"setting": setting, "prompt": k, "method": m,
+                       "tok_s": round(r["tok_s"], 2),
+                       "vs_ar": round(r["tok_s"] / ref["tok_s"], 3),
+                       "identical": r["tokens"] == ref["tokens"] if m not in PEERS else None,
+                       **{key: r[key] for key in ("len", "nodes", "sources") if key in r}}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    summary = {}
+    for setting in args.settings.split(","):
+        for m in methods:
+            mine = [r for r in rows if r["setting"] == setting and r["method"] == m]
+            summary[f"{setting}/{m}"] = {
+                "geomean_vs_ar": round(geomean([r["vs_ar"] for r in mine]), 3),
+                "min_vs_ar": min(r["vs_ar"] for r in mine),
+                "mean_tok_s": round(sum(r["tok_s"] for r in mine) / len(mine), 2),
+                "all_identical": all(r["identical"] in (True, None) for r in mine)}
+            print(f"{setting:7s} {m:12s} {json.dumps(summary[f'{setting}/{m}'])}", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"model": args.model, "dtype": str(model.dtype), "new_tokens": args.new_tokens,
+                   "threads": torch.get_num_threads(), "rows": rows, "summary": summary}, f,
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main()
