@@ -42,7 +42,8 @@ class Engine:
         self.max_new_tokens = max_new_tokens
         self.stop = stop
         self.device = model.device
-        self.stats = Stats(method, str(model.device), str(model.dtype).removeprefix("torch."))
+        self.stats = Stats(method, str(model.device), str(model.dtype).removeprefix("torch."),
+                           model.weight_format)
         self.tokens: list[int] = []      # committed: prompt, then new tokens
         self.cache: StaticCache | None = None
         self.done = False

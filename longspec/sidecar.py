@@ -72,6 +72,7 @@ def run_settings(model: Model, request: Request) -> dict:
     return {
         "model": fingerprint(model.path),
         "dtype": str(model.dtype).removeprefix("torch."),
+        "weights": model.weight_format,
         "method": r.method,
         "verify": r.verify,
         "options": dict(r.options or {}),

@@ -11,6 +11,7 @@ class Stats:
     method: str
     device: str
     dtype: str
+    weights: str = ""                # the matrices' format: a dtype, or "int4" (quantized)
     steps: int = 0                   # verify forwards
     verified_nodes: int = 0          # tree nodes over all verify forwards, roots included
     drafted_tokens: int = 0          # draft tokens offered, on the accepted-length axis
@@ -52,4 +53,5 @@ class Stats:
             "method": self.method,
             "device": self.device,
             "dtype": self.dtype,
+            "weights": self.weights,
         }

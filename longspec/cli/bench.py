@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .flags import load_optional, model_flags, sampling_flags, sampling_from_args
+from .flags import load_from_args, load_optional, model_flags, sampling_flags, sampling_from_args
 
 
 def add_parser(sub) -> None:
@@ -37,12 +37,11 @@ def int_list(text: str, flag: str) -> list[int]:
 
 def run(args) -> int:
     from ..bench.main import run_bench
-    from ..models import load_model
 
     sampling = sampling_from_args(args)
     gen_lens = int_list(args.gen_lens, "--gen-lens")
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
-    draft = load_optional(args.draft_model, args.dtype, args.device)
+    model = load_from_args(args.model, args)
+    draft = load_optional(args.draft_model, args)
     methods = [m for m in re.split(r",(?![^\[]*\])", args.methods) if m.strip()]
     written = run_bench(model, draft_model=draft, heads=args.heads, methods=methods,
                         gen_lens=gen_lens, prompt_len=args.prompt_len,

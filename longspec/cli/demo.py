@@ -12,7 +12,7 @@ import sys
 import time
 
 from ..sampling import SamplingConfig
-from .flags import model_flags
+from .flags import load_from_args, model_flags
 
 CHAT_PROMPT = ("Write a long, detailed tutorial on Python's asyncio: event loops, coroutines, "
                "tasks, cancellation and common mistakes, with code examples for each.")
@@ -39,16 +39,15 @@ def add_parser(sub) -> None:
 
 
 def _load(args):
-    from ..models import load_model
 
     if args.model != "smollm2":
-        return load_model(args.model, dtype=args.dtype, device=args.device)
+        return load_from_args(args.model, args)
     try:
-        return load_model("smollm2", dtype=args.dtype, device=args.device)
+        return load_from_args("smollm2", args)
     except ValueError as e:
         print(f"longspec demo: {e}\nlongspec demo: running the bundled demo model instead",
               file=sys.stderr)
-        return load_model("demo", dtype=args.dtype, device=args.device)
+        return load_from_args("demo", args)
 
 
 def run(args) -> int:

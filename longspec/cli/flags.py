@@ -42,8 +42,22 @@ def sampling_from_args(args) -> SamplingConfig:
 
 
 def model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (the "
+                   "activations' dtype for quantized weights)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--dequantize", action="store_true", help="expand a quantized GGUF file "
+                   "into --dtype instead of running its 4/8-bit weights as they are")
+    g.add_argument("--quantize", choices=("q4", "q8"), help="quantize a dense checkpoint's "
+                   "matrices group-wise (weight-only, the CPU's int4 kernel)")
+
+
+def load_from_args(path: str, args):
+    """A model as the model flags say."""
+    from ..models import load_model
+
+    return load_model(path, dtype=args.dtype, device=args.device, dequantize=args.dequantize,
+                      quantize=args.quantize)
 
 
 def method_flags(p: argparse.ArgumentParser) -> None:
@@ -68,10 +82,8 @@ def method_from_args(args) -> tuple[MethodSpec, dict]:
     return spec, options
 
 
-def load_optional(path: str | None, dtype: str, device: str):
-    from ..models import load_model
-
-    return None if path is None else load_model(path, dtype=dtype, device=device)
+def load_optional(path: str | None, args):
+    return None if path is None else load_from_args(path, args)
 
 
 def prompt_flags(p: argparse.ArgumentParser) -> None:

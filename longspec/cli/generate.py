@@ -7,6 +7,7 @@ import sys
 
 from .flags import (
     check_writable,
+    load_from_args,
     load_optional,
     method_flags,
     method_from_args,
@@ -46,7 +47,6 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..api import stream
-    from ..models import load_model
     from ..request import Request
     from .output import RunOutput
 
@@ -58,8 +58,8 @@ def run(args) -> int:
     if not args.checkpoint_every >= 0:
         raise ValueError(f"--checkpoint-every must be >= 0 seconds, got {args.checkpoint_every}")
     check_writable(args.output, "--output")
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
-    draft = load_optional(args.draft_model, args.dtype, args.device)
+    model = load_from_args(args.model, args)
+    draft = load_optional(args.draft_model, args)
     settings = {"max_new_tokens": args.max_new_tokens, "method": args.method,
                 "sampling": sampling, "seed": args.seed, "draft_model": draft,
                 "heads": args.heads, "stop": args.stop, "ignore_eos": args.ignore_eos,

@@ -6,7 +6,7 @@ import ipaddress
 import os
 import sys
 
-from .flags import load_optional, model_flags
+from .flags import load_from_args, load_optional, model_flags
 
 API_KEY_ENV = "LONGSPEC_API_KEY"
 
@@ -53,7 +53,6 @@ def run(args) -> int:
     import uvicorn
 
     from ..drafters import get_method
-    from ..models import load_model
     from ..serve import ServeConfig, create_app
 
     get_method(args.method)
@@ -68,12 +67,12 @@ def run(args) -> int:
     if not _loopback(args.host) and args.api_key is None:
         print(f"longspec: warning: serving on {args.host} with no --api-key: anyone who can "
               "reach it can use it", file=sys.stderr)
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = load_from_args(args.model, args)
     config = ServeConfig(model_name=args.served_model_name or args.model, method=args.method,
                          api_key=args.api_key, max_queue=args.max_queue,
                          request_timeout=args.request_timeout,
                          default_max_tokens=args.default_max_tokens,
-                         draft_model=load_optional(args.draft_model, args.dtype, args.device),
+                         draft_model=load_optional(args.draft_model, args),
                          heads=args.heads)
     # on Ctrl-C, open streams get a few seconds, then are cut (and their generations stopped)
     uvicorn.run(create_app(model, config), host=args.host, port=args.port,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..heads.train import HeadsTraining
-from .flags import model_flags
+from .flags import load_from_args, model_flags
 
 
 def add_parsers(sub) -> None:
@@ -34,11 +34,10 @@ def add_parsers(sub) -> None:
 
 def run_train_heads(args) -> int:
     from ..heads.train import train_heads
-    from ..models import load_model
 
     cfg = HeadsTraining(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                         seq_len=args.seq_len, target=args.target, seed=args.seed).validate()
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = load_from_args(args.model, args)
     record = train_heads(model, args.data, cfg, out=args.out)
     print(f"held-out loss {record['held_out_loss_before']} -> {record['held_out_loss_after']} "
           f"in {record['seconds']:.0f} s; heads saved to {args.out}")

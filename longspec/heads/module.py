@@ -26,7 +26,8 @@ def fingerprint(model) -> str:
     survive loading a checkpoint in another dtype; values would not)."""
     c = model.config
     net = model.net
-    probe = torch.cat([net.embed[:4].flatten(), net.norm.flatten(), net.lm_head[-4:].flatten()])
+    probe = torch.cat([net.embed[:4].flatten(), net.norm.flatten(),
+                       net.dense_head()[-4:].flatten()])
     signs = "".join("1" if v > 0 else "0" for v in probe.float().tolist())
     text = json.dumps([c.model_type, c.vocab_size, c.hidden_size, c.num_layers, signs])
     return hashlib.sha256(text.encode()).hexdigest()[:16]

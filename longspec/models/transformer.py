@@ -16,6 +16,7 @@ from torch import nn
 
 from ..cache.base import AttentionPlan, KVCache
 from .config import ModelConfig
+from .linear import DenseLinear, Int4Linear
 from .rope import apply_rope, rope_cos_sin, rope_frequencies
 
 
@@ -32,41 +33,20 @@ def _frozen(t: torch.Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t, requires_grad=False)
 
 
-def transposed_layout(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether layer weights are kept as [in, out]. On a CPU, float32 matrix-vector products
-    read a contiguous [in, out] matrix ~1.45x faster than transformers' [out, in]; bfloat16
-    ones are faster as [out, in] (BENCHMARKS.md)."""
-    return dtype == torch.float32 and device.type == "cpu"
-
-
-def project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-            transposed: bool) -> torch.Tensor:
-    """x @ W^T + b, for W kept as [out, in] or (transposed) as [in, out]."""
-    if not transposed:
-        return F.linear(x, w, b)
-    y = x @ w
-    return y if b is None else y + b
-
-
 class Block(nn.Module):
-    """One decoder layer: pre-norm attention and SwiGLU MLP, each with a residual."""
+    """One decoder layer: pre-norm attention and SwiGLU MLP, each with a residual. The four
+    matrix products (fused q|k|v, output, fused gate|up, down) are modules of linear.py, dense
+    or quantized, biases included."""
 
-    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor], transposed: bool):
+    def __init__(self, config: ModelConfig, w: dict):
         super().__init__()
         self.config = config
-        self.transposed = transposed
         self.attn_norm = _frozen(w["attn_norm"])
-        self.wqkv = _frozen(w["wqkv"])
-        self.bqkv = _frozen(w.get("bqkv"))
-        self.wo = _frozen(w["wo"])
-        self.bo = _frozen(w.get("bo"))
         self.q_norm = _frozen(w.get("q_norm"))
         self.k_norm = _frozen(w.get("k_norm"))
         self.mlp_norm = _frozen(w["mlp_norm"])
-        self.w_gate_up = _frozen(w["w_gate_up"])
-        self.b_gate_up = _frozen(w.get("b_gate_up"))
-        self.w_down = _frozen(w["w_down"])
-        self.b_down = _frozen(w.get("b_down"))
+        self.wqkv, self.wo = w["wqkv"], w["wo"]
+        self.w_gate_up, self.w_down = w["w_gate_up"], w["w_down"]
 
     def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,9 +54,8 @@ class Block(nn.Module):
         c = self.config
         q_len = x.shape[0]
         eps = c.rms_norm_eps
-        t = self.transposed
         h = F.rms_norm(x, (c.hidden_size,), self.attn_norm, eps)
-        qkv = project(h, self.wqkv, self.bqkv, t)
+        qkv = self.wqkv(h)
         nq, nkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         qk = qkv[:, :nq + nkv].view(q_len, c.num_heads + c.num_kv_heads, c.head_dim)
         v = qkv[:, nq + nkv:].view(q_len, c.num_kv_heads, c.head_dim)
@@ -88,10 +67,10 @@ class Block(nn.Module):
         q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
         keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
         out = grouped_attention(q, keys, values, plan, c.head_dim ** -0.5)
-        x = x + project(out, self.wo, self.bo, t)
+        x = x + self.wo(out)
         h = F.rms_norm(x, (c.hidden_size,), self.mlp_norm, eps)
-        gate, up = project(h, self.w_gate_up, self.b_gate_up, t).chunk(2, dim=-1)
-        return x + project(F.silu(gate) * up, self.w_down, self.b_down, t), q
+        gate, up = self.w_gate_up(h).chunk(2, dim=-1)
+        return x + self.w_down(F.silu(gate) * up), q
 
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -129,22 +108,34 @@ def _attend(qg, keys, values, plan: AttentionPlan, scale: float, matmul, keys_t)
 class Transformer(nn.Module):
     """forward(tokens, positions, cache, mask) -> logits (+ final hidden states)."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 layers: list[dict[str, torch.Tensor]], transposed: bool = False):
-        """`layers` hold each block's weights as [out, in], or as [in, out] when `transposed`
-        (see `transposed_layout`); the embedding and LM head are always [vocab, hidden]."""
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, norm: torch.Tensor,
+                 lm_head: nn.Module, layers: list[dict]):
+        """embed [vocab, hidden] dense; lm_head a module of linear.py (the embedding's
+        product when tied); `layers` as `Block` takes them."""
         super().__init__()
         self.config = config
-        self.embed = _frozen(weights["embed"])
-        self.norm = _frozen(weights["norm"])
-        head = weights.get("lm_head")
-        self.lm_head = self.embed if head is None else _frozen(head)
-        self.layers = nn.ModuleList(Block(config, w, transposed) for w in layers)
+        self.embed = _frozen(embed)
+        self.norm = _frozen(norm)
+        self.lm_head = lm_head
+        self.layers = nn.ModuleList(Block(config, w) for w in layers)
         self.set_context(config.max_positions)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.dtype
+
+    @property
+    def quantized(self) -> bool:
+        return any(isinstance(m, Int4Linear) for m in self.modules())
+
+    def dense_head(self) -> torch.Tensor:
+        """The LM head as a dense [vocab, hidden] matrix (for training heads and drafters)."""
+        if self.config.tie_word_embeddings:
+            return self.embed
+        if isinstance(self.lm_head, DenseLinear):
+            return self.lm_head.dense_weight
+        raise ValueError("the LM head is quantized; load the model with dequantize=True "
+                         "(--dequantize) to train on it")
 
     @property
     def device(self) -> torch.device:
@@ -167,7 +158,7 @@ class Transformer(nn.Module):
     def hidden_to_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: [n, hidden] -> [n, vocab]."""
         h = F.rms_norm(hidden, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
-        return F.linear(h, self.lm_head)
+        return self.lm_head(h)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,

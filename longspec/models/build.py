@@ -1,0 +1,136 @@
+"""The network from checkpoint tensors: layer weights under Hugging Face names (without
+'model.'), fused into q|k|v and gate|up products, each product dense or kept quantized.
+
+A weight is either a dense tensor or GGUF `Blocks` (quant.py). Blocks of a format the int4
+kernel reads stay quantized when `keep_quantized`; dense weights are quantized when `quantize`
+('q4' or 'q8') asks for it. Everything else is cast to the dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .linear import DenseLinear, Int4Linear
+from .quant import KERNEL_TYPES, Blocks, concat_rows, kernel_operands, quantize_dense
+from .transformer import Transformer
+
+KERNEL_ROWS = 16      # the int4 kernel's output features come in multiples of this
+KERNEL_GROUP = 32
+
+
+def dense(w, dtype: torch.dtype, device) -> torch.Tensor:
+    """A weight as a dense tensor (GGUF blocks dequantized by the gguf package)."""
+    if isinstance(w, Blocks):
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        values = dequantize(w.raw, GGMLQuantizationType[w.qtype])
+        w = torch.from_numpy(values).reshape(w.shape)
+    return w.to(device=device, dtype=dtype)
+
+
+def _fits_kernel(shape: tuple[int, int], device) -> bool:
+    out, k = shape
+    return device.type == "cpu" and out % KERNEL_ROWS == 0 and k % KERNEL_GROUP == 0
+
+
+def make_linear(w, bias, dtype: torch.dtype, device, quantize: str | None) -> nn.Module:
+    """The product module of one (possibly fused) weight [out, in]."""
+    b = None if bias is None else dense(bias, dtype, device)
+    if isinstance(w, Blocks) and w.qtype in KERNEL_TYPES and _fits_kernel(w.shape, device):
+        codes, scales, zeros, doubled = kernel_operands(w)
+        return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales),
+                          torch.from_numpy(zeros), doubled, b)
+    weight = dense(w, dtype, device)
+    if quantize is not None and _fits_kernel(tuple(weight.shape), device):
+        codes, scales, zeros, doubled = quantize_dense(weight.cpu(), quantize)
+        return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales),
+                          torch.from_numpy(zeros), doubled, b)
+    return DenseLinear(weight, b)
+
+
+def _fuse(parts: list, dtype, device) -> torch.Tensor | Blocks:
+    """Rows of several weights as one: blocks stay blocks when they share a format."""
+    if all(isinstance(p, Blocks) for p in parts):
+        fused = concat_rows(parts)
+        if fused is not None:
+            return fused
+    return torch.cat([dense(p, dtype, device) for p in parts])
+
+
+def _layer(t: dict, i: int, c: ModelConfig, dtype, device, quantize) -> dict:
+    """One block's norms and product modules, taken out of `t` (so a checkpoint is not held
+    twice while the network is built)."""
+    p = f"layers.{i}."
+
+    def get(name: str, shape: tuple[int, ...] | None = None):
+        if p + name not in t:
+            raise ValueError(f"checkpoint lacks tensor '{p + name}'")
+        w = t.pop(p + name)
+        if shape is not None and tuple(w.shape) != shape:
+            raise ValueError(f"tensor '{p + name}' has shape {tuple(w.shape)}, "
+                             f"config implies {shape}")
+        return w
+
+    def opt(name: str):
+        return t.pop(p + name, None)
+
+    def linear(w, bias=None) -> nn.Module:
+        return make_linear(w, bias, dtype, device, quantize)
+
+    h, d = c.hidden_size, c.head_dim
+    attn = "self_attn."
+    qkv = [get(attn + "q_proj.weight", (c.num_heads * d, h)),
+           get(attn + "k_proj.weight", (c.num_kv_heads * d, h)),
+           get(attn + "v_proj.weight", (c.num_kv_heads * d, h))]
+    biases = [opt(attn + f"{n}_proj.bias") for n in "qkv"]
+    qkv_bias = None
+    if any(b is not None for b in biases):
+        qkv_bias = torch.cat([dense(b, dtype, device) if b is not None
+                              else torch.zeros(w.shape[0], dtype=dtype, device=device)
+                              for b, w in zip(biases, qkv)])
+    gate_up = [get("mlp.gate_proj.weight", (c.intermediate_size, h)),
+               get("mlp.up_proj.weight", (c.intermediate_size, h))]
+    gate_bias = opt("mlp.gate_proj.bias")
+    gate_up_bias = None if gate_bias is None else torch.cat(
+        [dense(gate_bias, dtype, device), dense(get("mlp.up_proj.bias"), dtype, device)])
+    w = {
+        "attn_norm": dense(get("input_layernorm.weight", (h,)), dtype, device),
+        "mlp_norm": dense(get("post_attention_layernorm.weight", (h,)), dtype, device),
+        "wqkv": linear(_fuse(qkv, dtype, device), qkv_bias),
+        "wo": linear(get(attn + "o_proj.weight", (h, c.num_heads * d)), opt(attn + "o_proj.bias")),
+        "w_gate_up": linear(_fuse(gate_up, dtype, device), gate_up_bias),
+        "w_down": linear(get("mlp.down_proj.weight", (h, c.intermediate_size)),
+                         opt("mlp.down_proj.bias")),
+    }
+    if c.qk_norm:
+        w["q_norm"] = dense(get(attn + "q_norm.weight", (d,)), dtype, device)
+        w["k_norm"] = dense(get(attn + "k_norm.weight", (d,)), dtype, device)
+    return w
+
+
+def build_transformer(config: ModelConfig, tensors: dict, dtype: torch.dtype, device,
+                      quantize: str | None = None) -> Transformer:
+    """The network from checkpoint tensors (dense tensors or GGUF blocks). Consumes `tensors`."""
+    if "embed_tokens.weight" not in tensors:
+        raise ValueError("checkpoint lacks 'model.embed_tokens.weight'")
+    embed_w = tensors.pop("embed_tokens.weight")
+    expect = (config.vocab_size, config.hidden_size)
+    if tuple(embed_w.shape) != expect:
+        raise ValueError(f"embedding has shape {tuple(embed_w.shape)}, config implies {expect}")
+    head_w = embed_w if config.tie_word_embeddings else tensors.pop("lm_head.weight")
+    if tuple(head_w.shape) != expect:
+        raise ValueError(f"lm_head has shape {tuple(head_w.shape)}, config implies {expect}")
+    if "norm.weight" not in tensors:
+        raise ValueError("checkpoint lacks 'model.norm.weight'")
+    norm = dense(tensors.pop("norm.weight"), dtype, device)
+    embed = dense(embed_w, dtype, device)
+    if head_w is embed_w and not isinstance(embed_w, Blocks):
+        head_w = embed                     # tied and dense: the head shares the embedding
+    # a quantized head keeps 8 bits: the logits are its direct output
+    head = make_linear(head_w, None, dtype, device, quantize and "q8")
+    layers = [_layer(tensors, i, config, dtype, device, quantize)
+              for i in range(config.num_layers)]
+    return Transformer(config, embed, norm, head, layers)

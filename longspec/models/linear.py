@@ -1,0 +1,84 @@
+"""The model's matrix products, batch-invariant: row i of a q-row product is bitwise the same
+whatever q is and whatever the other rows hold, so a draft-tree node's logits equal those of
+the same token run alone, and speculation writes exactly what plain decoding writes.
+
+Measured on this project's CPU (torch 2.13, oneDNN; BENCHMARKS.md):
+- bfloat16 `F.linear` (oneDNN brgemm) is row-invariant, except that a 1-row product with a
+  reduction dim K above 1024 takes another path than 2 or more rows: such a row runs as two.
+- float32 `x @ W` and `F.linear` are not (MKL picks kernels by row count: 1-3, 4, 8, >= 12);
+  oneDNN's inner product (`mkldnn._linear_pointwise`) on weights kept as [in, out] is, with the
+  same K > 1024 exception. It is also 2-2.5x faster than MKL for 8-16 rows.
+- the int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`, bfloat16 activations) is
+  row-invariant for 1..64 rows as it is.
+Elsewhere (CUDA), `F.linear`; its invariance is checked where a GPU is at hand.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+TWO_ROW_K = 1024     # oneDNN's 1-row path differs from its multi-row one above this K
+
+
+class DenseLinear(nn.Module):
+    """y = x W^T + b with dense weights, batch-invariant on a CPU."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        """weight [out, in]; kept as [in, out] for float32 on a CPU (oneDNN reads it as is)."""
+        super().__init__()
+        self.in_features = weight.shape[1]
+        self.onednn_fp32 = weight.dtype == torch.float32 and weight.device.type == "cpu"
+        stored = weight.t().contiguous() if self.onednn_fp32 else weight
+        self.weight = nn.Parameter(stored, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @property
+    def dense_weight(self) -> torch.Tensor:
+        """The weight as [out, in] (a view)."""
+        return self.weight.t() if self.onednn_fp32 else self.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cpu = x.device.type == "cpu"
+        one = cpu and x.shape[0] == 1 and self.in_features > TWO_ROW_K
+        if one:
+            x = x.expand(2, -1)
+        if self.onednn_fp32:
+            y = torch.ops.mkldnn._linear_pointwise(x, self.weight.t(), self.bias, "none", [], "")
+        else:
+            y = F.linear(x, self.weight, self.bias)
+        return y[:1] if one else y
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T + b with W kept as packed 4-bit codes and per-32 scales and zeros:
+    W[n, k] = (q[n, k] - 8) * scale + zero (in float32, one rounding). Formats with more bits
+    (Q8_0, Q5_K) are two 4-bit halves along K, the activations given twice (`doubled`)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 doubled: bool, bias: torch.Tensor | None = None, group: int = 32):
+        """codes int32 [out, K'] in 0..15; scales, zeros float32 [out, K' / group]."""
+        super().__init__()
+        self.group = group
+        self.doubled = doubled
+        self.out_features = codes.shape[0]
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            codes.to(torch.int32).contiguous(), 1))
+        # [K' / group, out, 2]: the scale and the zero of each group, in the activations' dtype
+        self.register_buffer("scale_zero", torch.stack([scales.t(), zeros.t()], -1)
+                             .to(torch.bfloat16).contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.to(torch.bfloat16),
+                                                           requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Activations of any float dtype: the kernel is fast with bfloat16 ones (float32
+        ones go through a scalar loop ~270x slower), so they enter it as bfloat16."""
+        xin = x.to(torch.bfloat16)
+        if self.doubled:
+            xin = torch.cat([xin, xin], -1)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xin.contiguous(), self.packed,
+                                                       self.group, self.scale_zero)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)

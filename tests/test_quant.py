@@ -1,0 +1,138 @@
+"""Quantized weights kept quantized: GGUF blocks on PyTorch's int4 kernel.
+
+- the kernel operands reproduce GGUF's dequantization exactly (run in float32);
+- the fast (bfloat16) kernel's weights stay within bfloat16 rounding of GGUF's values;
+- rows of a product do not depend on how many rows share it;
+- a quantized model's logits stay within the error transformers itself makes running the same
+  dequantized weights in bfloat16, and every method writes exactly what `ar` writes.
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from gguf_writer import K_QUANTS, encode, reference, write_gguf
+from helpers import make_checkpoint, our_logits
+
+import longspec
+from longspec.models.linear import Int4Linear
+from longspec.models.quant import Blocks, kernel_operands, quantize_dense
+
+KERNEL = torch.ops.aten._weight_int4pack_mm_for_cpu
+N, K = 64, 512
+
+
+def gguf_matrix(qtype: str, seed: int = 0) -> Blocks:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((N, K)).astype(np.float32) * 0.05
+    if qtype in K_QUANTS:
+        raw = encode(w, qtype, rng)[0]
+    else:
+        raw = quantize(w, GGMLQuantizationType[qtype])
+    return Blocks(qtype, raw, (N, K))
+
+
+def kernel_weights(blocks: Blocks, dtype: torch.dtype) -> torch.Tensor:
+    """The [out, in] weights the kernel multiplies with: one-hot rows through it."""
+    codes, scales, zeros, doubled = kernel_operands(blocks)
+    codes, scales, zeros = (torch.from_numpy(a) for a in (codes, scales, zeros))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    sz = torch.stack([scales.t(), zeros.t()], -1).to(dtype).contiguous()
+    eye = torch.eye(K, dtype=dtype)
+    x = torch.cat([eye, eye], -1) if doubled else eye
+    return KERNEL(x, packed, 32, sz).float().t()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K"])
+def test_kernel_operands_reproduce_gguf_dequantization_exactly(qtype):
+    blocks = gguf_matrix(qtype)
+    gguf_values = torch.from_numpy(dequantize(blocks.raw, GGMLQuantizationType[qtype]))
+    assert torch.equal(kernel_weights(blocks, torch.float32), gguf_values.reshape(N, K))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K"])
+def test_bfloat16_kernel_weights_are_within_bfloat16_rounding_of_gguf(qtype):
+    blocks = gguf_matrix(qtype)
+    gguf_values = torch.from_numpy(dequantize(blocks.raw, GGMLQuantizationType[qtype]))
+    fast = kernel_weights(blocks, torch.bfloat16)
+    # the kernel rounds each group's scale and zero to bfloat16 (relative error 2^-9 each),
+    # then computes (q - 8) * scale + zero in float32 and rounds the product once to bfloat16
+    _, scales, zeros, _ = kernel_operands(blocks)
+    bound = ((8 * np.abs(scales) + np.abs(zeros)).max() + gguf_values.abs().max()) * 2.0 ** -8
+    assert (fast - gguf_values.reshape(N, K)).abs().max() <= bound
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_rows_of_the_int4_kernel_do_not_depend_on_the_row_count(qtype):
+    blocks = gguf_matrix(qtype)
+    codes, scales, zeros, doubled = kernel_operands(blocks)
+    layer = Int4Linear(*(torch.from_numpy(a) for a in (codes, scales, zeros)), doubled)
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, K, generator=g) * torch.rand(64, 1, generator=g) * 4).bfloat16()
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(64)])
+    for rows in (2, 3, 5, 8, 16, 33, 64):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+
+
+def test_quantized_gguf_stays_quantized_and_matches_transformers_within_bfloat16_error(tmp_path):
+    hf = make_checkpoint(tmp_path / "hf", "llama", hidden=128, intermediate=256, vocab=320)
+    ref = reference(hf, write_gguf(hf, tmp_path / "m.gguf", "Q4_1"))
+    model = longspec.load_model(tmp_path / "m.gguf", device="cpu")
+    assert model.weight_format == "int4" and model.dtype == torch.bfloat16
+    ids = torch.randint(0, 320, (40,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        exact = ref(ids[None]).logits[0]
+        theirs_bf16 = ref.to(torch.bfloat16)(ids[None]).logits[0].float()
+    ref.float()
+    ours = our_logits(model, ids).float()
+    # tolerance: what transformers itself loses running the same weights in bfloat16, times 3
+    # (our kernel also rounds each group's scale and zero to bfloat16)
+    assert (ours - exact).abs().max() <= 3 * (theirs_bf16 - exact).abs().max()
+
+
+@pytest.mark.parametrize("method", ["auto", "pld", "recycling", "suffix"])
+@pytest.mark.parametrize("temperature", [0, 0.8])
+def test_every_method_matches_ar_on_a_quantized_model(tmp_path_factory, method, temperature):
+    path = tmp_path_factory.getbasetemp() / "q4model"
+    if not (path / "m.gguf").exists():
+        hf = make_checkpoint(path / "hf", "llama", hidden=128, intermediate=256, vocab=320)
+        write_gguf(hf, path / "m.gguf", "Q4_1")
+    model = longspec.load_model(path / "m.gguf", device="cpu")
+    sampling = longspec.SamplingConfig(temperature=temperature)
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 9]
+    ref = longspec.generate(model, prompt, max_new_tokens=48, method="ar", sampling=sampling,
+                            ignore_eos=True, seed=2)
+    res = longspec.generate(model, prompt, max_new_tokens=48, method=method, sampling=sampling,
+                            ignore_eos=True, seed=2, options={"sizing": "fixed"})
+    assert res.token_ids == ref.token_ids and res.stats["weights"] == "int4"
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_quantize_a_dense_checkpoint(tmp_path, kind):
+    make_checkpoint(tmp_path, "qwen2", hidden=128, intermediate=256, vocab=320)
+    dense = longspec.load_model(tmp_path, dtype="bfloat16", device="cpu")
+    quant = longspec.load_model(tmp_path, device="cpu", quantize=kind)
+    assert quant.weight_format == "int4"
+    ids = torch.randint(0, 320, (24,), generator=torch.Generator().manual_seed(3))
+    a, b = our_logits(dense, ids).float(), our_logits(quant, ids).float()
+    # weights: 4 bits per value in groups of 32 keep a Gaussian matrix within ~8% (relative
+    # RMS), 8 bits within ~0.5%; random tiny models amplify that in the logits
+    assert (a - b).norm() / a.norm() < (0.6 if kind == "q4" else 0.05)
+    w = dense.net.layers[0].w_down.dense_weight.float()
+    codes, scales, zeros, doubled = (torch.as_tensor(v) for v in quantize_dense(w, kind))
+    back = ((codes.float() - 8) * scales.repeat_interleave(32, 1)
+            + zeros.repeat_interleave(32, 1))
+    if doubled:
+        back = back[:, :w.shape[1]] + back[:, w.shape[1]:]
+    assert (back - w).norm() / w.norm() < (0.1 if kind == "q4" else 0.01)
+
+
+def test_quantize_refuses_what_it_cannot_do(tmp_path):
+    make_checkpoint(tmp_path, "llama")
+    with pytest.raises(ValueError, match="quantize must be one of q4, q8"):
+        longspec.load_model(tmp_path, quantize="q3")
+    hf = make_checkpoint(tmp_path / "hf", "llama")
+    write_gguf(hf, tmp_path / "m.gguf", "Q4_0")
+    with pytest.raises(ValueError, match="quantized already"):
+        longspec.load_model(tmp_path / "m.gguf", quantize="q4")
