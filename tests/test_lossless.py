@@ -1,6 +1,8 @@
 """Every method writes exactly the tokens plain decoding writes: same seed, same settings,
-greedy and sampled, at least 1K new tokens, fp32, on the demo model, two held-out prompts
-(the slow tier), and a 128-token smoke version of the same matrix (the fast tier)."""
+greedy and sampled, with and without the penalty, 1K new tokens, on the demo model, in float32
+(two held-out prompts) and bfloat16 (one), the slow tier; and a 128-token smoke version of the
+same matrix in both dtypes (the fast tier). Exactness in bfloat16 rests on the batch-invariant
+forward (test_batch_invariance.py)."""
 
 import functools
 from pathlib import Path
@@ -37,28 +39,30 @@ def prompts():
 
 
 @functools.cache
-def models():
-    return (longspec.load_model("demo", dtype="float32", device="cpu"),
-            longspec.load_model("demo-draft", dtype="float32", device="cpu"))
+def models(dtype: str = "float32"):
+    return (longspec.load_model("demo", dtype=dtype, device="cpu"),
+            longspec.load_model("demo-draft", dtype=dtype, device="cpu"))
 
 
 @functools.cache
-def reference(prompt: str, setting: str, new_tokens: int = NEW_TOKENS) -> tuple[int, ...]:
-    target, _ = models()
+def reference(prompt: str, setting: str, new_tokens: int = NEW_TOKENS,
+              dtype: str = "float32") -> tuple[int, ...]:
+    target, _ = models(dtype)
     res = longspec.generate(target, prompts()[prompt], max_new_tokens=new_tokens, method="ar",
                             sampling=SETTINGS[setting], seed=3, ignore_eos=True)
     return tuple(res.token_ids)
 
 
-def check_matches_ar(entry: str, setting: str, prompt: str, new_tokens: int) -> None:
-    target, draft = models()
+def check_matches_ar(entry: str, setting: str, prompt: str, new_tokens: int,
+                     dtype: str = "float32") -> None:
+    target, draft = models(dtype)
     method = entry.split("[")[0]
     res = longspec.generate(target, prompts()[prompt], max_new_tokens=new_tokens, method=method,
                             sampling=SETTINGS[setting], seed=3, ignore_eos=True,
                             draft_model=(draft if longspec.METHODS[method].needs_draft_model
                                          else None),
                             options=OPTIONS.get(entry))
-    expect = reference(prompt, setting, new_tokens)
+    expect = reference(prompt, setting, new_tokens, dtype)
     got = tuple(res.token_ids)
     first_difference = next((i for i, (a, b) in enumerate(zip(got, expect)) if a != b), None)
     assert first_difference is None and len(got) == len(expect) == new_tokens
@@ -75,10 +79,22 @@ def test_method_matches_ar_token_for_token(method, setting, prompt):
     check_matches_ar(method, setting, prompt, NEW_TOKENS)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("method", METHODS)
+def test_method_matches_ar_token_for_token_in_bfloat16(method, setting):
+    check_matches_ar(method, setting, "transformers", NEW_TOKENS, "bfloat16")
+
+
 @pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
 @pytest.mark.parametrize("method", METHODS)
 def test_method_matches_ar_for_128_tokens(method, setting):
     check_matches_ar(method, setting, "tqdm", 128)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_method_matches_ar_for_128_tokens_in_bfloat16(method):
+    check_matches_ar(method, "sampling_min_p_penalty", "tqdm", 128, "bfloat16")
 
 
 @pytest.mark.slow

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+# Attention reduces over keys in chunks of this many slots (models/attention.py); buffers are
+# allocated in whole chunks so that reading a chunk's padding stays in bounds.
+CHUNK = 256
+
 
 @dataclass(frozen=True)
 class AttentionPlan:
@@ -21,6 +25,7 @@ class AttentionPlan:
     q: int                            # new tokens in the block
     n_keys: int                       # attend to key slots [0, n_keys)
     block_mask: torch.Tensor | None   # additive [q, q] over the block's own slots; None: see all
+    block_order: torch.Tensor | None = None   # its rows' visible slots first (attention.py)
 
 
 def causal_mask(q: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -33,7 +38,8 @@ class KVCache(ABC):
     """Per-layer key/value buffers [kv_heads, capacity, head_dim]."""
 
     def __init__(self, config, capacity: int, dtype: torch.dtype, device):
-        shape = (config.num_kv_heads, capacity, config.head_dim)
+        slots = -(-capacity // CHUNK) * CHUNK
+        shape = (config.num_kv_heads, slots, config.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.capacity = capacity

@@ -83,7 +83,7 @@ class PartialCache(KVCache):
                 for mine, theirs in ((self.k[layer], full.k[layer]),
                                      (self.v[layer], full.v[layer])):
                     mine[:, :self.sink] = theirs[:, :self.sink]
-                    mine[:, self.sink:] = gather_slots(theirs, best)
+                    mine[:, self.sink:self.budget] = gather_slots(theirs, best)
             self.filled, self.tail = self.budget, self.budget
         self.covered = n
         self.rankings += 1

@@ -8,6 +8,7 @@ group of query heads directly, never replicating keys.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache.base import AttentionPlan, KVCache
+from .attention import block_order, grouped_attention
 from .config import ModelConfig
 from .linear import DenseLinear, Int4Linear
 from .rope import apply_rope, rope_cos_sin, rope_frequencies
@@ -66,43 +68,12 @@ class Block(nn.Module):
         qk = apply_rope(qk, cos, sin)            # queries and keys rotated in one go
         q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
         keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
-        out = grouped_attention(q, keys, values, plan, c.head_dim ** -0.5)
+        out = grouped_attention(q, keys, values, plan.start, plan.block_mask, plan.block_order,
+                                c.head_dim ** -0.5)
         x = x + self.wo(out)
         h = F.rms_norm(x, (c.hidden_size,), self.mlp_norm, eps)
         gate, up = self.w_gate_up(h).chunk(2, dim=-1)
         return x + self.w_down(F.silu(gate) * up), q
-
-
-def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      plan: AttentionPlan, scale: float) -> torch.Tensor:
-    """Attention of q [q_len, heads, d] over keys/values [kv_heads, n, d] -> [q_len, heads * d].
-
-    Query head h belongs to key/value head h // group. The queries of a group are stacked into
-    one matrix per key/value head, so one matmul per side serves the whole group. The keys are
-    a view of the cache's first n slots; float32 batched matmuls read such views in place, but
-    bfloat16 ones copy them, so there each key/value head gets its own (contiguous) matmuls.
-    """
-    q_len, heads, d = q.shape
-    kv_heads = keys.shape[0]
-    group = heads // kv_heads
-    qg = q.view(q_len, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * q_len, d)
-    if keys.dtype == torch.float32:
-        out = _attend(qg, keys, values, plan, scale, torch.bmm, keys.transpose(1, 2))
-    else:
-        out = torch.stack([_attend(qg[h], keys[h], values[h], plan, scale, torch.mm, keys[h].t())
-                           for h in range(kv_heads)])
-    return out.view(kv_heads, group, q_len, d).permute(2, 0, 1, 3).reshape(q_len, heads * d)
-
-
-def _attend(qg, keys, values, plan: AttentionPlan, scale: float, matmul, keys_t) -> torch.Tensor:
-    """softmax(qg keys^T * scale + mask) values, for one or a batch of key/value heads."""
-    scores = matmul(qg, keys_t).mul_(scale)                          # [..., group * q, n]
-    if plan.block_mask is not None:
-        q_len = plan.q
-        block = scores.unflatten(-2, (-1, q_len))[..., plan.start:plan.start + q_len]
-        block += plan.block_mask
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-    return matmul(probs, values)                                     # [..., group * q, d]
 
 
 class Transformer(nn.Module):
@@ -172,7 +143,7 @@ class Transformer(nn.Module):
         whose logits are computed (default: all).
         """
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, self.dtype)
-        plan = cache.plan(tokens.shape[0], mask)
+        plan = dataclasses.replace(cache.plan(tokens.shape[0], mask), block_order=block_order(mask))
         x = F.embedding(tokens, self.embed)
         queries = [] if return_queries else None
         for i, layer in enumerate(self.layers):

@@ -1,0 +1,72 @@
+"""A batch-invariant forward: each row of a q-row forward (a chain or a draft tree over the
+cache) is bitwise equal to the same token run alone after its ancestors, in float32 and
+bfloat16. This is what makes every method token-identical to plain decoding in both dtypes."""
+
+import pytest
+import torch
+from helpers import make_checkpoint
+
+import longspec
+from longspec.cache import StaticCache
+from longspec.models.prefill import prefill
+from longspec.tree import TreeShape
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    # sizes that reach oneDNN's K > 1024 path and a GQA group of 3, as SmolLM2 has
+    path = tmp_path_factory.mktemp("inv")
+    make_checkpoint(path, "llama", hidden=192, intermediate=1536, heads=6, kv_heads=2,
+                    vocab=512, max_positions=2048)
+    return {dt: longspec.load_model(path, dtype=dt, device="cpu") for dt in DTYPES}
+
+
+def alone(model, cache, context: int, path: list[int]) -> torch.Tensor:
+    """Logits [len(path), vocab] of the path's tokens run one at a time after the context."""
+    cache.rollback(context)
+    rows = []
+    for i, token in enumerate(path):
+        out = model.net(torch.tensor([token]), torch.tensor([context + i]), cache)
+        cache.commit(1)
+        rows.append(out.logits[0])
+    cache.rollback(context)
+    return torch.stack(rows)
+
+
+def prefilled(model, context: int, seed: int) -> StaticCache:
+    g = torch.Generator().manual_seed(seed)
+    cache = StaticCache(model.config, context + 80, model.dtype, "cpu")
+    model.net.set_context(context + 80)
+    prefill(model.net, torch.randint(0, 512, (context,), generator=g), cache, 0)
+    return cache
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("context", [7, 300, 1100])
+def test_chain_rows_equal_tokens_run_alone(models, dtype, context):
+    model = models[dtype]
+    cache = prefilled(model, context, seed=context)
+    tokens = torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(1)).tolist()
+    ref = alone(model, cache, context, tokens)
+    for q in (2, 3, 4, 5, 8, 13, 16, 31, 64):
+        shape = TreeShape.chain(q - 1, torch.device("cpu"))
+        out = model.net(torch.tensor(tokens[:q]), shape.depth + context, cache, shape.mask(dtype))
+        differ = [i for i in range(q) if not torch.equal(out.logits[i], ref[i])]
+        assert not differ, f"q={q}: rows {differ} differ"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
+def test_tree_rows_equal_their_paths_run_alone(models, dtype):
+    model = models[dtype]
+    context = 257
+    cache = prefilled(model, context, seed=5)
+    parents = [-1, 0, 0, 0, 1, 1, 2, 4, 4, 6, 7, 3, 11]
+    tokens = torch.randint(0, 512, (len(parents),), generator=torch.Generator().manual_seed(2))
+    shape = TreeShape(parents, torch.device("cpu"))
+    out = model.net(tokens, shape.depth + context, cache, shape.mask(dtype))
+    for node in range(len(parents)):
+        path = [int(n) for n in shape.paths[node] if n >= 0]
+        ref = alone(model, cache, context, tokens[path].tolist())
+        assert torch.equal(out.logits[node], ref[-1]), f"node {node} differs"
