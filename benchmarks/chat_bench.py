@@ -19,7 +19,7 @@ import time
 import torch
 
 import longspec
-from longspec.bench.runner import Peers
+from longspec.bench.peers import PEERS, Peers, peer_status
 from longspec.request import encode_prompt
 
 PROMPTS = [
@@ -41,7 +41,6 @@ PROMPTS = [
 ]
 SETTINGS = {"greedy": longspec.SamplingConfig(temperature=0),
             "t07": longspec.SamplingConfig(temperature=0.7, top_p=0.9)}
-PEERS = ("hf", "hf-pld")
 
 
 def run_one(model, peers, method: str, prompt_ids: list[int], n: int, sampling) -> dict:
@@ -75,7 +74,13 @@ def main() -> None:
     args = p.parse_args()
     model = longspec.load_model(args.model, dtype=args.dtype, device="cpu")
     methods = args.methods.split(",")
-    peers = Peers(model, None) if any(m in PEERS for m in methods) else None
+    for m in [m for m in methods if m in PEERS]:
+        status = peer_status(m, model, SETTINGS["greedy"], 0, False)
+        if status != "ok":
+            print(f"{m}: {status}")
+            methods.remove(m)
+    wanted = {m for m in methods if m in PEERS}
+    peers = Peers(model, None, wanted) if wanted else None
     rows = []
     for setting in args.settings.split(","):
         sampling = SETTINGS[setting]

@@ -69,3 +69,16 @@ def test_bench_runs_the_transformers_peer_on_a_gguf_file(tmp_path):
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [r["status"] for r in report["results"]] == ["ok", "ok"]
     assert report["model"] == "tiny"
+
+
+def test_llamacpp_peer_is_skipped_with_a_note_when_not_installed(tmp_path, capsys):
+    from longspec.bench.peers import llamacpp_installed
+
+    if llamacpp_installed():
+        pytest.skip("llama-cpp-python is installed here")
+    code = main(["bench", "demo", "--methods", "ar,llamacpp", "--gen-lens", "8",
+                 "--prompt-len", "32", "--out", str(tmp_path), "--no-progress",
+                 "--temperature", "0"])
+    assert code == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert next(r["status"] for r in rows if r["method"] == "llamacpp").startswith("skipped")

@@ -22,10 +22,10 @@ from ..drafters.registry import parse_assignment
 from ..memory import PeakMemory
 from ..sampling import SamplingConfig
 from .metrics import distinct_n
+from .peers import PEERS, Peers, peer_status
 
-PEERS = ("hf", "hf-pld", "hf-assisted")
 WARMUP_TOKENS = 16
-PLD_TOKENS = 10           # transformers' prompt_lookup_num_tokens
+
 
 
 @dataclass(frozen=True)
@@ -60,58 +60,6 @@ def parse_entry(spec: str, shared: dict) -> Entry:
     if name in METHODS:
         METHODS[name].resolve(options)
     return Entry(spec.strip(), name, options, verify)
-
-
-class Peers:
-    """transformers' generate on the same checkpoint (and draft checkpoint)."""
-
-    def __init__(self, model, draft_model):
-        self.model = self._load(model)
-        self.draft = None if draft_model is None else self._load(draft_model)
-
-    @staticmethod
-    def _load(model):
-        """transformers' model of the same checkpoint (a GGUF file is dequantized by transformers,
-        a Hub id is the snapshot longspec resolved)."""
-        from transformers import AutoModelForCausalLM
-
-        where, extra = model.transformers_location
-        hf = AutoModelForCausalLM.from_pretrained(where, dtype=model.dtype, **extra)
-        return hf.to(model.device).eval()
-
-    @staticmethod
-    def status(peer: str, sampling: SamplingConfig, context: int, has_draft: bool) -> str:
-        if peer == "hf-assisted" and not has_draft:
-            return "unsupported: needs --draft-model"
-        if sampling.uses_penalty and sampling.penalty_window < context:
-            return ("approximate: transformers' repetition_penalty covers the whole sequence, "
-                    f"not the last {sampling.penalty_window} tokens")
-        if sampling.eta and not sampling.greedy:
-            return "approximate: eta uses transformers' eta_cutoff warper"
-        return "ok"
-
-    def generate(self, peer: str, prompt: list[int], gen_len: int, sampling: SamplingConfig,
-                 seed: int) -> list[int]:
-        kwargs = {"max_new_tokens": gen_len, "min_new_tokens": gen_len}
-        if sampling.greedy:
-            kwargs["do_sample"] = False
-        else:
-            kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=sampling.top_k or None, min_p=sampling.min_p or None)
-            if sampling.eta:
-                kwargs["eta_cutoff"] = sampling.eta
-        if sampling.uses_penalty:
-            kwargs["repetition_penalty"] = sampling.penalty
-        if peer == "hf-pld":
-            kwargs["prompt_lookup_num_tokens"] = PLD_TOKENS
-        if peer == "hf-assisted":
-            kwargs["assistant_model"] = self.draft
-        ids = torch.tensor([prompt], device=self.model.device)
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0,
-                                      **kwargs)
-        return out[0, len(prompt):].tolist()
 
 
 @dataclass
@@ -153,13 +101,14 @@ def run(model, spec: RunSpec, draft_model=None, heads=None, progress: bool = Tru
             if method.needs_draft_model and draft_model is None:
                 raise ValueError(f"method {entry.method} needs --draft-model")
             check_arguments(method, draft_model=False, heads=False, verify=entry.verify)
-    needs_peers = any(e.method in PEERS for e in spec.entries)
-    peers = Peers(model, draft_model) if needs_peers else None
-    statuses = {e.label: (Peers.status(e.method, spec.sampling,
-                                       len(spec.prompt) + max(spec.gen_lens),
-                                       draft_model is not None) if e.method in PEERS else "ok")
+    context = len(spec.prompt) + max(spec.gen_lens)
+    statuses = {e.label: (peer_status(e.method, model, spec.sampling, context,
+                                      draft_model is not None) if e.method in PEERS else "ok")
                 for e in spec.entries}
-    runnable = [e for e in spec.entries if not statuses[e.label].startswith("unsupported")]
+    runnable = [e for e in spec.entries
+                if statuses[e.label] == "ok" or statuses[e.label].startswith("approximate")]
+    wanted = {e.method for e in runnable} & set(PEERS)
+    peers = Peers(model, draft_model, wanted) if wanted else None
     for entry in runnable:                                     # warm-up
         _one(model, entry, spec, WARMUP_TOKENS, draft_model, heads, peers)
     total = len(spec.gen_lens) * spec.runs * len(runnable)
