@@ -61,12 +61,14 @@ def ours_ms(model, context: int, steps: int) -> float:
     return 1e3 * sorted(res[2:])[len(res[2:]) // 2]
 
 
-def hf_ms(path: str, dtype: torch.dtype, context: int, steps: int) -> float:
+def hf_ms(model, context: int, steps: int) -> float:
     """ms per new token of transformers' greedy generate after a `context`-token prompt:
-    (time for 1 + steps tokens - time for 1 token) / steps."""
+    (time for 1 + steps tokens - time for 1 token) / steps, on the same checkpoint (a GGUF
+    file dequantized by transformers) in the activations' dtype."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    where, extra = model.transformers_location
+    hf = AutoModelForCausalLM.from_pretrained(where, dtype=model.dtype, **extra).eval()
     ids = torch.randint(0, hf.config.vocab_size, (1, context))
 
     def timed(n: int) -> float:
@@ -84,20 +86,23 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="demo", help="demo, random-40m or a checkpoint directory")
     p.add_argument("--contexts", default="2048,8192,32768")
-    p.add_argument("--dtypes", default="float32")
+    p.add_argument("--dtypes", default="float32", help="comma-separated: float32, bfloat16, "
+                   "int4 (a quantized GGUF kept quantized; the others dequantize it)")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--no-hf", action="store_true")
     args = p.parse_args()
-    path = random_40m(tempfile.mkdtemp()) if args.model == "random-40m" else str(
-        longspec.demo_path(args.model) if args.model in ("demo", "demo-draft") else args.model)
+    path = random_40m(tempfile.mkdtemp()) if args.model == "random-40m" else args.model
     bandwidth = measure_bandwidth(torch.device("cpu"))
     rows = []
     for dtype_name in args.dtypes.split(","):
-        model = longspec.load_model(path, dtype=dtype_name, device="cpu")
+        if dtype_name == "int4":
+            model = longspec.load_model(path, device="cpu")
+        else:
+            model = longspec.load_model(path, dtype=dtype_name, device="cpu", dequantize=True)
         kv = model.config.kv_bytes_per_token(model.dtype.itemsize)
         for context in (int(c) for c in args.contexts.split(",")):
             ours = ours_ms(model, context, args.steps)
-            hf = None if args.no_hf else hf_ms(path, model.dtype, context, args.steps)
+            hf = None if args.no_hf else hf_ms(model, context, args.steps)
             roof = roofline_ms(weight_bytes(model), kv, context, bandwidth)
             row = {"model": args.model, "dtype": dtype_name, "context": context,
                    "ar_ms": round(ours, 2), "hf_ms": round(hf, 2) if hf else None,

@@ -40,12 +40,14 @@ def main() -> None:
     p.add_argument("--model", default="demo", help="demo, demo-draft or a checkpoint directory")
     p.add_argument("--contexts", default="2048,8192,32768")
     p.add_argument("--nodes", default="1,2,4,8,16")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16, or int4 (a quantized "
+                   "GGUF kept quantized)")
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args()
-    path = (str(longspec.demo_path(args.model)) if args.model in ("demo", "demo-draft")
-            else args.model)
-    model = longspec.load_model(path, dtype=args.dtype, device="cpu")
+    if args.dtype == "int4":
+        model = longspec.load_model(args.model, device="cpu")
+    else:
+        model = longspec.load_model(args.model, dtype=args.dtype, device="cpu", dequantize=True)
     nodes = [int(n) for n in args.nodes.split(",")]
     for context in (int(c) for c in args.contexts.split(",")):
         cache = prefilled_cache(model, context, max(nodes))

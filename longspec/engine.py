@@ -25,8 +25,10 @@ from .sampler import Sampler
 from .sizing import Calibration, Sizer, StepCost
 from .stats import Stats
 from .stopping import StopRules
-from .tree import DraftTree
+from .tree import DraftTree, TreeTemplate
 from .verify import TargetOutput, Verdict, verify
+
+MEASURE_DEPTH = 8       # depth of the trees step costs are measured on
 
 
 class Engine:
@@ -101,13 +103,15 @@ class Engine:
         return TargetOutput(out, processed, choices)
 
     def measure_step(self, n: int) -> float:
-        """Seconds of a target step over a throwaway chain of n nodes (its keys land in
-        uncommitted slots; nothing else changes)."""
-        tree = DraftTree.chain(self.tokens[-1:] * n, self.device)
+        """Seconds of a target step over a throwaway tree of n nodes shaped like the drafts
+        (a best-first template; trees cost more than chains in attention). Its keys land in
+        uncommitted slots; nothing else changes."""
+        shape = TreeTemplate(n, min(n - 1, MEASURE_DEPTH), self.device).shape
+        tree = DraftTree(shape, torch.tensor(self.tokens[-1:] * n, device=self.device))
         self._sync()
         begin = time.perf_counter()
-        out = self.net(tree.tokens, tree.shape.depth + self.cache.length, self.cache,
-                       tree.shape.mask(self.model.dtype))
+        out = self.net(tree.tokens, shape.depth + self.cache.length, self.cache,
+                       shape.mask(self.model.dtype))
         self.sampler.tree_choices(tree, out.logits)[1].tolist()
         return time.perf_counter() - begin
 

@@ -28,12 +28,16 @@ def parse_shared_options(pairs: list[str]) -> dict:
 
 
 def weight_bytes(model) -> int:
+    """Bytes of weights one decoding step reads: every parameter and quantized buffer once,
+    the embedding only when the LM head reads it (a lookup reads one row)."""
+    net = model.net
     seen, total = set(), 0
-    for p in model.net.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
-    return total
+    for t in [*net.parameters(), *net.buffers()]:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    head_reads_embed = any(t.data_ptr() == net.embed.data_ptr() for t in net.lm_head.parameters())
+    return total if head_reads_embed else total - net.embed.numel() * net.embed.element_size()
 
 
 def roofline(model, rows: list[dict], prompt_len: int, gen_lens: list[int],
