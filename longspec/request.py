@@ -27,7 +27,8 @@ class Request:
     sampling: SamplingConfig | None = None    # None: SamplingConfig() (temperature 1)
     seed: int = 0                             # 0 .. 2^63 - 1
     draft_model: Model | None = None
-    heads: Any = None                         # a directory, loaded heads, or None (bundled)
+    heads: Any = None                         # a trained drafter's directory, a loaded one,
+                                              # or None (the bundled one)
     stop: Any = None                          # stop strings and token ids
     ignore_eos: bool = False
     verify: str = "match"

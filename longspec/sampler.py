@@ -71,20 +71,23 @@ class Sampler:
         noise = None if self.noise is None else self.noise.rows(self.length + len(path), 1)
         return processed, int(select_tokens(processed, noise)[0])
 
-    def guess_scores(self, logits: torch.Tensor, first_depth: int,
-                     noise: bool = True) -> torch.Tensor:
+    def guess_scores(self, logits: torch.Tensor, first_depth: int, noise: bool = True,
+                     same_depth: bool = False) -> torch.Tensor:
         """Scores [m, vocab] whose top entries are the likeliest choices at depths
-        first_depth .. first_depth + m - 1 below the root: processed logits (penalty over the
-        committed window) plus, when sampling, each position's own Gumbel noise, so that a
-        drafter guessing from an approximate distribution aims at the token the target will
-        actually pick."""
+        first_depth .. first_depth + m - 1 below the root (all at first_depth when
+        `same_depth`: tree nodes of one level): processed logits (penalty over the committed
+        window) plus, when sampling, each position's own Gumbel noise, so that a drafter
+        guessing from an approximate distribution aims at the token the target will actually
+        pick."""
         m = logits.shape[0]
         present = None
         if self.penalty is not None:
             present = self.penalty.presence_after([]).expand(m, -1)
         scores = process_logits(logits, self.config, present)
         if noise and self.noise is not None:
-            scores = scores + self.noise.rows(self.length - 1 + first_depth, m)
+            first = self.length - 1 + first_depth
+            scores = scores + (self.noise.rows(first, 1) if same_depth
+                               else self.noise.rows(first, m))
         return scores
 
     def sample(self, processed: torch.Tensor) -> torch.Tensor:

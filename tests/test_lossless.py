@@ -28,9 +28,9 @@ FIXED = {"sizing": "fixed"}
 OPTIONS = {"selfspec": {"retrieval_budget": 128, "rebuild_every": 64},
            "triforce": {"retrieval_budget": 128, "rebuild_every": 64, "streaming_window": 64},
            "tokenswift": {"partial_budget": 96, **FIXED}, "suffix": FIXED, "ngram": FIXED,
-           "recycling": FIXED, "heads": FIXED, "auto[fixed]": FIXED}
+           "recycling": FIXED, "heads": FIXED, "eagle": FIXED, "auto[fixed]": FIXED}
 METHODS = ["auto", "auto[fixed]", "suffix", "pld", "ngram", "recycling", "heads", "tokenswift",
-           "draft", "selfspec", "triforce"]
+           "eagle", "draft", "selfspec", "triforce"]
 
 
 def prompts():
@@ -53,15 +53,21 @@ def reference(prompt: str, setting: str, new_tokens: int = NEW_TOKENS,
     return tuple(res.token_ids)
 
 
+@pytest.fixture
+def drafter(request, method):
+    """The trained drafter a method needs that is not bundled with the demo model."""
+    return request.getfixturevalue("demo_eagle") if method == "eagle" else None
+
+
 def check_matches_ar(entry: str, setting: str, prompt: str, new_tokens: int,
-                     dtype: str = "float32") -> None:
+                     dtype: str = "float32", drafter=None) -> None:
     target, draft = models(dtype)
     method = entry.split("[")[0]
     res = longspec.generate(target, prompts()[prompt], max_new_tokens=new_tokens, method=method,
                             sampling=SETTINGS[setting], seed=3, ignore_eos=True,
                             draft_model=(draft if longspec.METHODS[method].needs_draft_model
                                          else None),
-                            options=OPTIONS.get(entry))
+                            heads=drafter, options=OPTIONS.get(entry))
     expect = reference(prompt, setting, new_tokens, dtype)
     got = tuple(res.token_ids)
     first_difference = next((i for i, (a, b) in enumerate(zip(got, expect)) if a != b), None)
@@ -75,26 +81,26 @@ def check_matches_ar(entry: str, setting: str, prompt: str, new_tokens: int,
 @pytest.mark.parametrize("prompt", ["tqdm", "transformers"])
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_token_for_token(method, setting, prompt):
-    check_matches_ar(method, setting, prompt, NEW_TOKENS)
+def test_method_matches_ar_token_for_token(method, setting, prompt, drafter):
+    check_matches_ar(method, setting, prompt, NEW_TOKENS, drafter=drafter)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_token_for_token_in_bfloat16(method, setting):
-    check_matches_ar(method, setting, "transformers", NEW_TOKENS, "bfloat16")
+def test_method_matches_ar_token_for_token_in_bfloat16(method, setting, drafter):
+    check_matches_ar(method, setting, "transformers", NEW_TOKENS, "bfloat16", drafter)
 
 
 @pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
 @pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_for_128_tokens(method, setting):
-    check_matches_ar(method, setting, "tqdm", 128)
+def test_method_matches_ar_for_128_tokens(method, setting, drafter):
+    check_matches_ar(method, setting, "tqdm", 128, drafter=drafter)
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_for_128_tokens_in_bfloat16(method):
-    check_matches_ar(method, "sampling_min_p_penalty", "tqdm", 128, "bfloat16")
+def test_method_matches_ar_for_128_tokens_in_bfloat16(method, drafter):
+    check_matches_ar(method, "sampling_min_p_penalty", "tqdm", 128, "bfloat16", drafter)
 
 
 @pytest.mark.slow

@@ -20,7 +20,9 @@ def add_parser(sub) -> None:
     b.add_argument("--runs", type=int, default=1)
     b.add_argument("--out", default="bench-out")
     b.add_argument("--draft-model", help="draft model (draft, triforce, hf-assisted)")
-    b.add_argument("--heads", help="multi-token heads directory (heads, tokenswift)")
+    b.add_argument("--heads", metavar="DIR", help="trained drafter directory (heads, "
+                   "tokenswift: multi-token heads; eagle: an EAGLE drafter; one directory may "
+                   "hold both)")
     b.add_argument("--option", action="append", default=[], metavar="[METHOD:]KEY=VALUE")
     b.add_argument("--no-progress", action="store_true")
     sampling_flags(b)

@@ -64,8 +64,10 @@ def method_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="auto", help=f"one of: {', '.join(METHODS)}")
     p.add_argument("--draft-model", help="draft model directory or bundled name (methods: "
                    f"{', '.join(n for n, s in METHODS.items() if s.needs_draft_model)})")
-    p.add_argument("--heads", help="multi-token heads directory (methods: "
-                   f"{', '.join(n for n, s in METHODS.items() if s.needs_heads)})")
+    p.add_argument("--heads", metavar="DIR", help="trained drafter directory, from "
+                   "'longspec train-drafter': multi-token heads or an EAGLE drafter (methods: "
+                   f"{', '.join(n for n, s in METHODS.items() if s.needs_heads)}; default: "
+                   "the one bundled for the model, when there is)")
     p.add_argument("--verify", default="match", help="match (token-identical to ar) or "
                    "rejection (Leviathan et al.'s rule, for methods that sample their drafts)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",

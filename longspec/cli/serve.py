@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
     s.add_argument("--served-model-name", help="the model id clients send (default: MODEL as "
                    "given)")
     s.add_argument("--draft-model", help="draft model for methods that need one")
-    s.add_argument("--heads", help="multi-token heads directory for methods that take heads")
+    s.add_argument("--heads", metavar="DIR", help="trained drafter directory (heads or "
+                   "EAGLE, from 'longspec train-drafter') for the methods that take one")
     s.add_argument("--log-level", default="info")
     model_flags(s)
     s.set_defaults(run=run)

@@ -1,28 +1,51 @@
-"""`longspec train-heads` and `longspec train-tiny`."""
+"""`longspec train-drafter` (and its alias `train-heads`, the heads kind) and
+`longspec train-tiny`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..heads.train import HeadsTraining
+from ..heads.store import KINDS
+from ..heads.train import LR, TARGETS, DrafterTraining
 from .flags import load_from_args, model_flags
 
 
+def _drafter_flags(p, kind: str | None) -> None:
+    p.add_argument("model", help="checkpoint directory, GGUF file, Hub id or bundled name")
+    if kind is None:
+        p.add_argument("--kind", required=True, choices=KINDS,
+                       help="eagle: a one-layer feature drafter (method eagle); heads: "
+                            "multi-token heads (methods heads, tokenswift)")
+    else:
+        p.set_defaults(kind=kind)
+    p.add_argument("--data", nargs="+", required=True, metavar="PATH",
+                   help="training text: files, or directories (their .py/.txt/.md/.rst files)")
+    p.add_argument("--out", required=True, help="directory for the drafter (<kind>.safetensors, "
+                   "<kind>.json) and its checkpoint; a run there with the same settings "
+                   "continues from the checkpoint")
+    d = DrafterTraining()
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--lr", type=float, default=None,
+                   help=", ".join(f"{k}: {v:g}" for k, v in LR.items()) + " by default")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--target", choices=TARGETS, default=d.target,
+                   help="learn the model's own predictions (distill) or the text's tokens")
+    p.add_argument("--gamma", type=int, default=d.gamma, help="heads: how many")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="STEPS")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--no-progress", action="store_true")
+    model_flags(p)
+    p.set_defaults(run=run_train_drafter)
+
+
 def add_parsers(sub) -> None:
-    h = sub.add_parser("train-heads", help="train multi-token heads for a model (backbone frozen)")
-    h.add_argument("model", help="checkpoint directory or bundled name")
-    h.add_argument("--data", nargs="+", required=True, metavar="FILE", help="training text files")
-    h.add_argument("--out", required=True, help="directory for heads.safetensors and heads.json")
-    defaults = HeadsTraining()
-    h.add_argument("--steps", type=int, default=defaults.steps)
-    h.add_argument("--lr", type=float, default=defaults.lr)
-    h.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    h.add_argument("--seq-len", type=int, default=defaults.seq_len)
-    h.add_argument("--target", choices=("text", "distill"), default=defaults.target,
-                   help="learn the text's tokens, or the model's own predictions")
-    h.add_argument("--seed", type=int, default=0)
-    model_flags(h)
-    h.set_defaults(run=run_train_heads)
+    _drafter_flags(sub.add_parser("train-drafter", help="train a drafter for a model (EAGLE "
+                                  "feature drafter or multi-token heads; the model frozen)"),
+                   None)
+    _drafter_flags(sub.add_parser("train-heads", help="train multi-token heads for a model "
+                                  "(train-drafter --kind heads)"), "heads")
 
     t = sub.add_parser("train-tiny", help="train the demo tokenizer, target and draft models")
     t.add_argument("--out", default=None, help="output directory (default: the bundled location)")
@@ -32,15 +55,20 @@ def add_parsers(sub) -> None:
     t.set_defaults(run=run_train_tiny)
 
 
-def run_train_heads(args) -> int:
-    from ..heads.train import train_heads
+def run_train_drafter(args) -> int:
+    from ..heads.train import train_drafter
 
-    cfg = HeadsTraining(steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                        seq_len=args.seq_len, target=args.target, seed=args.seed).validate()
+    cfg = DrafterTraining(kind=args.kind, steps=args.steps, lr=args.lr,
+                          warmup_steps=args.warmup_steps, batch_size=args.batch_size,
+                          seq_len=args.seq_len, target=args.target, gamma=args.gamma,
+                          checkpoint_every=args.checkpoint_every, seed=args.seed).validate()
     model = load_from_args(args.model, args)
-    record = train_heads(model, args.data, cfg, out=args.out)
-    print(f"held-out loss {record['held_out_loss_before']} -> {record['held_out_loss_after']} "
-          f"in {record['seconds']:.0f} s; heads saved to {args.out}")
+    record = train_drafter(model, args.data, cfg, out=args.out, progress=not args.no_progress)
+    depths = ", ".join(f"{a:.3f}" for a in record["agreement_after"])
+    before = ", ".join(f"{a:.3f}" for a in record["agreement_before"])
+    print(f"held-out loss {record['held_out_loss_before']} -> {record['held_out_loss_after']}; "
+          f"top-1 agreement with the model per depth {before} -> {depths}; "
+          f"{record['seconds']:.0f} s; {cfg.kind} drafter saved to {args.out}")
     return 0
 
 

@@ -1,125 +1,130 @@
-"""Train multi-token heads on a frozen base model.
+"""Train a drafter (EAGLE feature drafter or multi-token heads) on a frozen target.
 
-Head i, fed the hidden state at position t, learns the token at t + 1 + i: from the text itself
-(`target="text"`, cross-entropy), or from the base model's own next-token distribution at
-t + i (`target="distill"`, self-distillation, which teaches the heads what the model would
-write rather than what the text says). AdamW with linear warmup and cosine decay; TokenSwift
-used lr 5e-3, 200 steps, weight decay 0.1.
+Each step samples `batch_size` windows of `seq_len` tokens from the training text, runs the
+target over them (features and next-token logits) and takes one AdamW step on the drafter's
+loss (objectives.py); linear warmup, then cosine decay. Every `checkpoint_every` steps, and on
+Ctrl-C, the drafter, the optimizer and the data sampler's state go to
+`<out>/<kind>.checkpoint.pt`: running the same training again continues from there and ends
+with the weights an uninterrupted run gives; a checkpoint of other settings, data or model is
+refused. At the end the drafter is saved with a record of the run (held-out loss and
+agreement with the target before and after, loss curve, seconds, data) and the checkpoint
+removed.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..cache import StaticCache, causal_mask
-from ..text import read_text_file
 from ..training import warmup_cosine
-from .module import GAMMA, MultiTokenHeads
+from . import objectives, store
+from .data import data_files, read_token_stream, sample_windows, stream_digest, target_batch
+from .module import GAMMA
 
 TARGETS = ("text", "distill")
+LR = {"eagle": 3e-3, "heads": 5e-3}      # TokenSwift's for heads
+CHECKPOINT = "{kind}.checkpoint.pt"    # one per kind: a directory may hold both
+EVAL_BATCHES = 4
+EVAL_SEED = 12345
 
 
 @dataclass(frozen=True)
-class HeadsTraining:
+class DrafterTraining:
+    kind: str = "eagle"           # "eagle" or "heads"
     steps: int = 200
-    lr: float = 5e-3
+    lr: float | None = None       # None: the kind's default (LR)
     warmup_steps: int = 20
     weight_decay: float = 0.1
     batch_size: int = 8
     seq_len: int = 512
-    target: str = "text"          # "text" or "distill"
-    gamma: int = GAMMA
+    target: str = "distill"       # the target's own distribution, or the text ("text")
+    gamma: int = GAMMA            # heads
+    feature_weight: float = 1.0   # eagle: smooth L1 of the predicted features
+    token_weight: float = 0.1     # eagle: cross-entropy of their logits
     seed: int = 0
     held_out: float = 0.05        # share of the token stream kept for evaluation
+    checkpoint_every: int = 50    # steps
 
-    def validate(self) -> HeadsTraining:
+    def validate(self) -> DrafterTraining:
+        """Checked, with the learning rate filled in."""
+        if self.kind not in store.KINDS:
+            raise ValueError(f"kind must be one of {', '.join(store.KINDS)}, got {self.kind!r}")
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}")
-        for name in ("steps", "batch_size", "gamma"):
+        for name in ("steps", "batch_size", "gamma", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.seq_len < self.gamma + 2:
-            raise ValueError(f"seq_len must be at least gamma + 2 = {self.gamma + 2}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        return self
+            raise ValueError(f"seq_len must be at least {self.gamma + 2}")
+        lr = LR[self.kind] if self.lr is None else self.lr
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"lr must be a positive number, got {lr}")
+        if not 0 < self.held_out < 1:
+            raise ValueError(f"held_out must be between 0 and 1, got {self.held_out}")
+        return replace(self, lr=lr)
+
+    def settings(self) -> dict:
+        """What a checkpoint must share to be continued (all but checkpoint_every)."""
+        return {k: v for k, v in asdict(self).items() if k != "checkpoint_every"}
 
 
-def read_token_stream(model, files: list[str | Path]) -> torch.Tensor:
-    if model.tokenizer is None:
-        raise ValueError(f"{model.path} has no tokenizer; heads are trained on text")
-    if not files:
-        raise ValueError("give at least one --data file")
-    ids: list[int] = []
-    for f in files:
-        ids.extend(model.tokenizer(read_text_file(f, "data file"))["input_ids"])
-    return torch.tensor(ids, dtype=torch.long)
+def evaluate(module, model, stream: torch.Tensor, cfg: DrafterTraining) -> tuple[float, list]:
+    """Mean held-out loss and agreement per depth on fixed batches."""
+    gen = torch.Generator().manual_seed(EVAL_SEED)
+    loss_fn = objectives.LOSSES[cfg.kind]
+    losses, agreements = [], []
+    with torch.no_grad():
+        for _ in range(EVAL_BATCHES):
+            windows = sample_windows(stream, cfg.batch_size, cfg.seq_len, gen)
+            loss, agreement = loss_fn(module, model, target_batch(model, windows, True), cfg)
+            losses.append(loss.item())
+            agreements.append(agreement)
+    per_depth = [round(sum(a) / len(a), 4) for a in zip(*agreements)]
+    return round(sum(losses) / len(losses), 4), per_depth
 
 
-def base_outputs(model, batch: torch.Tensor,
-                 want_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Hidden states [B, T, hidden] (fp32) and, optionally, logits [B, T, vocab] of the frozen
-    base."""
-    net = model.net
-    hidden, logits = [], []
-    seq_len = batch.shape[1]
-    mask = causal_mask(seq_len, net.dtype, net.device)
-    positions = torch.arange(seq_len, device=net.device)
-    for seq in batch:
-        cache = StaticCache(model.config, seq_len, net.dtype, net.device)
-        out = net(seq.to(net.device), positions, cache, mask, return_hidden=True,
-                  need_logits=want_logits)
-        hidden.append(out.hidden.float())
-        if want_logits:
-            logits.append(out.logits.float())
-    return torch.stack(hidden), (torch.stack(logits) if want_logits else None)
+def _save_checkpoint(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
 
 
-def heads_loss(heads: MultiTokenHeads, model, batch: torch.Tensor, target: str) -> torch.Tensor:
-    """Sum over heads of the cross-entropy for the token at t + 1 + i (or against the base's
-    distribution at t + i when distilling)."""
-    hidden, base_logits = base_outputs(model, batch, target == "distill")
-    net = model.net
-    labels = batch.to(hidden.device)
-    total = hidden.new_zeros(())
-    for i, h in enumerate(heads(hidden), start=1):
-        span = batch.shape[1] - 1 - i                   # positions t with a token at t + 1 + i
-        logits = F.linear(F.rms_norm(h[:, :span], (h.shape[-1],), net.norm.float(),
-                                     model.config.rms_norm_eps), net.dense_head().float())
-        flat = logits.reshape(-1, logits.shape[-1])
-        if target == "distill":
-            soft = torch.softmax(base_logits[:, i:i + span], dim=-1).reshape(flat.shape)
-            total = total - (soft * torch.log_softmax(flat, dim=-1)).sum(-1).mean()
+def _resume(path: Path, identity: dict) -> dict | None:
+    """The checkpoint in `path` when it continues this training; ValueError when it is of
+    another one."""
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for key, here in identity.items():
+        there = state["identity"].get(key)
+        if there == here:
+            continue
+        if isinstance(here, dict):
+            diff = [f"{k} {there.get(k)!r} there, {v!r} here" for k, v in here.items()
+                    if isinstance(there, dict) and there.get(k) != v] or [key]
         else:
-            total = total + F.cross_entropy(flat, labels[:, 1 + i:1 + i + span].reshape(-1))
-    return total
+            diff = [f"{key} differs"]
+        raise ValueError(f"{path} is a checkpoint of another training ({'; '.join(diff)}): "
+                         "run with its settings to continue it, or pass another --out "
+                         f"(or delete {path.name} to start over)")
+    return state
 
 
-def _batch(stream: torch.Tensor, cfg: HeadsTraining, gen: torch.Generator) -> torch.Tensor:
-    starts = torch.randint(0, len(stream) - cfg.seq_len, (cfg.batch_size,), generator=gen)
-    return torch.stack([stream[s:s + cfg.seq_len] for s in starts.tolist()])
-
-
-@torch.no_grad()
-def evaluate(heads, model, stream: torch.Tensor, cfg: HeadsTraining, batches: int = 4) -> float:
-    """Mean held-out loss on fixed batches."""
-    gen = torch.Generator().manual_seed(12345)
-    return sum(heads_loss(heads, model, _batch(stream, cfg, gen), cfg.target).item()
-               for _ in range(batches)) / batches
-
-
-def train_heads(model, files: list[str | Path], cfg: HeadsTraining, out: str | Path | None = None,
-                progress: bool = True) -> dict:
-    """Train heads for `model` on the text of `files`; save them to `out` when given.
-    Returns a record with the loss curve and the held-out loss before and after."""
+def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
+                  out: str | Path | None = None, progress: bool = True,
+                  stop_after: int | None = None) -> dict:
+    """Train a drafter of cfg.kind for `model` on the text of `data` (files or directories);
+    save it to `out` when given, checkpointing there on the way. `stop_after` ends the run
+    after that many steps in all, leaving a checkpoint to continue from (record["finished"]
+    is then False). Returns the record saved with the weights."""
     cfg = cfg.validate()
+    files = data_files(data)
     stream = read_token_stream(model, files)
     split = int(len(stream) * (1 - cfg.held_out))
     train, held = stream[:split], stream[split:]
@@ -127,29 +132,70 @@ def train_heads(model, files: list[str | Path], cfg: HeadsTraining, out: str | P
         raise ValueError(f"the data has {len(stream)} tokens; need more than "
                          f"{int(cfg.seq_len / cfg.held_out)} for seq_len {cfg.seq_len}")
     torch.manual_seed(cfg.seed)
-    heads = MultiTokenHeads(model.config.hidden_size, cfg.gamma,
-                            model.config.rms_norm_eps).to(model.device)
-    opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    module = objectives.build(cfg.kind, model, cfg)
+    opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
-    before = evaluate(heads, model, held, cfg)
-    curve = []
+    identity = {"settings": cfg.settings(), "model": store.fingerprint(model),
+                "data": {"tokens": len(stream), "digest": stream_digest(stream)}}
+    checkpoint = Path(out) / CHECKPOINT.format(kind=cfg.kind) if out is not None else None
+    state = _resume(checkpoint, identity) if checkpoint is not None else None
+    if state is not None:
+        module.load_state_dict(state["module"])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        step, curve, before = state["step"], state["curve"], state["before"]
+        seconds = state["seconds"]
+    else:
+        step, curve, seconds = 0, [], 0.0
+        before = evaluate(module, model, held, cfg)
+
+    def save_state() -> None:
+        if checkpoint is not None:
+            _save_checkpoint(checkpoint, {
+                "identity": identity, "step": step, "curve": curve, "before": before,
+                "seconds": seconds + time.time() - start, "module": module.state_dict(),
+                "optimizer": opt.state_dict(), "generator": gen.get_state()})
+
     start = time.time()
-    bar = tqdm(range(cfg.steps), desc="train heads", disable=not progress, dynamic_ncols=True)
-    for step in bar:
-        for group in opt.param_groups:
-            group["lr"] = warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.lr)
-        loss = heads_loss(heads, model, _batch(train, cfg, gen), cfg.target)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
-        opt.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        curve.append(round(loss.item(), 4))
-    after = evaluate(heads, model, held, cfg)
-    record = {"training": asdict(cfg), "held_out_loss_before": round(before, 4),
-              "held_out_loss_after": round(after, 4), "seconds": round(time.time() - start, 1),
-              "train_tokens": len(train), "loss_curve": curve,
-              "data": [Path(f).name for f in files]}
+    last = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    if checkpoint is not None:
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    loss_fn = objectives.LOSSES[cfg.kind]
+    want_logits = cfg.target == "distill"
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.kind}", disable=not progress,
+               dynamic_ncols=True)
+    try:
+        while step < last:
+            for group in opt.param_groups:
+                group["lr"] = warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.lr)
+            windows = sample_windows(train, cfg.batch_size, cfg.seq_len, gen)
+            loss, _ = loss_fn(module, model, target_batch(model, windows, want_logits), cfg)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            opt.step()
+            step += 1
+            curve.append(round(loss.item(), 4))
+            bar.set_postfix(loss=f"{curve[-1]:.3f}")
+            bar.update(1)
+            if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+                save_state()
+    except KeyboardInterrupt:
+        save_state()
+        raise
+    finally:
+        bar.close()
+    if step < cfg.steps:
+        save_state()
+        return {"kind": cfg.kind, "finished": False, "steps_done": step, "loss_curve": curve}
+    after = evaluate(module, model, held, cfg)
+    record = {"kind": cfg.kind, "finished": True, "training": asdict(cfg),
+              "held_out_loss_before": before[0], "held_out_loss_after": after[0],
+              "agreement_before": before[1], "agreement_after": after[1],
+              "seconds": round(seconds + time.time() - start, 1), "train_tokens": len(train),
+              "held_out_tokens": len(held), "loss_curve": curve,
+              "data": [str(f) for f in files]}
     if out is not None:
-        heads.save(Path(out), model, record)
+        module.save(Path(out), model, record)
+        checkpoint.unlink(missing_ok=True)
     return record

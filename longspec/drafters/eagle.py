@@ -1,0 +1,180 @@
+"""EAGLE: a trained one-layer drafter over the target's features, drafting trees as EAGLE-2.
+
+The verify forward returns the target's feature (hidden state) at every tree node; after each
+step the accepted path's features, paired with the tokens that follow them, go into the
+drafter's own KV cache (`FeatureCache`): slot p - 1 holds the pair at position p, with the
+target's true feature, for every committed position p >= 1, root included. Its output at the
+root's pair is the predicted feature of the root, whose logits (the target's final norm and
+LM head) rank the depth-1 candidates.
+
+Drafting (EAGLE-2's dynamic tree): at each depth the `beam` nodes of best path probability
+run through the drafter as one block (each seeing the committed slots, its ancestors' slots
+and itself; their keys go to scratch slots past the committed ones, overwritten next step),
+and each gets its `top_k` candidates as children, ranked by the sampler's guess scores (the
+position's Gumbel noise included when sampling), each with its draft probability as the
+trie's estimate. The best CANDIDATES * max_nodes nodes by path probability make the trie;
+the engine verifies the prefix that pays. Exactness never depends on the drafter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..heads.eagle import EagleDrafterNet, FeatureCache, find_bundled_eagle, load_eagle
+from ..heads.store import train_hint
+from ..tree import CANDIDATES, DraftTree, TrieBuilder
+from .base import Budget, Drafter
+from .registry import MethodSpec, Option
+
+TOP_K = 8                        # children of each expanded node
+BEAM = 4                         # nodes expanded per depth
+CATCH_UP_SCORE_BYTES = 64 * 2**20   # largest attention score buffer of a catch-up chunk
+
+
+def resolve_eagle(model, drafter) -> EagleDrafterNet:
+    """The EAGLE drafter for `model` from a path, a module, or the bundled one (None)."""
+    if isinstance(drafter, EagleDrafterNet):
+        return drafter.to(device=model.device, dtype=model.dtype)
+    path = drafter if drafter is not None else find_bundled_eagle(model)
+    if path is None:
+        raise ValueError("method 'eagle' needs a trained drafter: pass heads=PATH (--heads "
+                         f"PATH) or {train_hint('eagle')}")
+    return load_eagle(path, model)
+
+
+class EagleDrafter(Drafter):
+    needs_hidden = True
+
+    def __init__(self, model, drafter, sampler, context: int, budget: Budget,
+                 top_k: int = TOP_K, beam: int = BEAM):
+        self.net = model.net
+        self.eagle = resolve_eagle(model, drafter)
+        self.sampler = sampler
+        self.device = model.device
+        self.top_k = min(top_k, model.config.vocab_size)
+        self.beam = beam
+        self.cache = FeatureCache(self.eagle.shape, context + budget.max_depth * beam + 1,
+                                  model.dtype, model.device)
+        self.length = 0                          # committed pairs in the feature cache
+        self.pending: list[torch.Tensor] = []    # their features [*, hidden], not yet run
+        self.root_feature: torch.Tensor | None = None   # [1, hidden]
+
+    def observe_prefill(self, tokens, out) -> None:
+        self.pending.append(out.hidden)
+
+    def observe(self, tree, target_out, verdict) -> None:
+        index = torch.tensor(verdict.accepted, device=self.device)
+        self.pending.append(target_out.forward.hidden[index])
+
+    def run(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+            mask: torch.Tensor) -> torch.Tensor:
+        """Predicted features [m, hidden] of m pairs whose keys go to slots
+        start = mask.shape[1] - m .. (mask [m, start + m])."""
+        start = mask.shape[1] - tokens.shape[0]
+        embeds = F.embedding(tokens, self.net.embed)
+        return self.eagle(embeds, features, positions, self.cache, start, mask)
+
+    def catch_up(self, committed: list[int]) -> torch.Tensor | None:
+        """Run the committed pairs not yet in the feature cache into it (causal chunks whose
+        score buffers stay bounded); the root's predicted feature [1, hidden]."""
+        if not self.pending:
+            return self.root_feature
+        features = torch.cat(self.pending)
+        self.pending = []
+        m = features.shape[0]
+        first = len(committed) - m               # the position of the first pending pair
+        tokens = torch.tensor(committed[first:], device=self.device)
+        per_row = self.eagle.shape.num_heads * 4
+        done = 0
+        while done < m:
+            rows = max(16, CATCH_UP_SCORE_BYTES // (per_row * (self.length + m)))
+            rows = min(rows, m - done)
+            start = self.length
+            mask = torch.zeros(rows, start + rows, dtype=features.dtype, device=self.device)
+            mask[:, start:] = torch.full((rows, rows), float("-inf"), dtype=features.dtype,
+                                         device=self.device).triu(1)
+            positions = torch.arange(first + done, first + done + rows, device=self.device)
+            out = self.run(tokens[done:done + rows], features[done:done + rows], positions, mask)
+            self.length += rows
+            done += rows
+        self.root_feature = out[-1:]
+        return self.root_feature
+
+    def candidates(self, features: torch.Tensor, depth: int
+                   ) -> tuple[list[list[int]], list[list[float]]]:
+        """The top_k tokens after each predicted feature [m, hidden] at `depth` below the root,
+        and their draft probabilities, as host lists [m][top_k]."""
+        logits = self.net.hidden_to_logits(features)
+        s = self.sampler
+        top = torch.topk(s.guess_scores(logits, depth, same_depth=True), self.top_k, -1).indices
+        probs = torch.softmax(s.guess_scores(logits, depth, noise=False, same_depth=True)
+                              .float(), -1).gather(-1, top)
+        tokens, chances = torch.stack([top.double(), probs.double()]).tolist()  # one host sync
+        return [[int(t) for t in row] for row in tokens], chances
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        root_feature = self.catch_up(committed)
+        if root_feature is None:
+            return DraftTree.chain(committed[-1:], self.device)
+        tokens: list[int] = []
+        parents: list[int] = []     # -1: the root
+        probs: list[float] = []
+        scores: list[float] = []    # path probabilities
+        features: dict[int, torch.Tensor] = {-1: root_feature[0]}   # predicted, per run node
+        slots: dict[int, int] = {}  # scratch slot of each run node (after the committed ones)
+
+        def add_children(rows: list[int], cands: list[list[int]], chances: list[list[float]]
+                         ) -> list[int]:
+            new = []
+            for parent, row_tokens, row_probs in zip(rows, cands, chances):
+                base = 1.0 if parent < 0 else scores[parent]
+                for token, p in zip(row_tokens, row_probs):
+                    if p > 0:
+                        new.append(len(tokens))
+                        tokens.append(token)
+                        parents.append(parent)
+                        probs.append(p)
+                        scores.append(base * p)
+            return new
+
+        level = add_children([-1], *self.candidates(root_feature, 1))
+        root_position = len(committed) - 1
+        for depth in range(1, budget.max_depth):
+            frontier = sorted(level, key=lambda i: (-scores[i], i))[:self.beam]
+            if not frontier:
+                break
+            m, start = len(frontier), self.length + len(slots)
+            mask = torch.full((m, start + m), float("-inf"), dtype=root_feature.dtype,
+                              device=self.device)
+            mask[:, :self.length] = 0
+            for row, node in enumerate(frontier):
+                slots[node] = start + row
+                ancestor = node
+                while ancestor >= 0:
+                    mask[row, slots[ancestor]] = 0
+                    ancestor = parents[ancestor]
+            out = self.run(torch.tensor([tokens[n] for n in frontier], device=self.device),
+                           torch.stack([features[parents[n]] for n in frontier]),
+                           torch.full((m,), root_position + depth, device=self.device), mask)
+            features.update(zip(frontier, out))
+            level = add_children(frontier, *self.candidates(out, depth + 1))
+        # the best nodes by path probability (a child never beats its parent; ties keep the
+        # parent first), parents before children
+        best = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
+        keep = sorted(best[:CANDIDATES * budget.max_nodes - 1])
+        trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
+        placed = {-1: 0}
+        for i in keep:
+            if placed.get(parents[i]) is not None:
+                placed[i] = trie.child(placed[parents[i]], tokens[i], probs[i])
+        return trie.build(self.device)
+
+
+SPEC = MethodSpec(
+    name="eagle", summary="a trained one-layer drafter over the target's features, "
+    "dynamic trees (EAGLE-2)",
+    budget=Budget(32, 6), needs_heads=True,
+    options={"top_k": Option(TOP_K), "beam": Option(BEAM)},
+    build=lambda s: EagleDrafter(s.model, s.heads, s.sampler, s.context, s.budget,
+                                 s.options["top_k"], s.options["beam"]))

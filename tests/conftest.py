@@ -1,0 +1,60 @@
+"""Fixtures shared by the drafter tests: a tiny random model that trains on bytes, a text
+file, and an EAGLE drafter for the demo model trained in the session (a few seconds)."""
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+from helpers import make_checkpoint
+
+import longspec
+
+# standard-library files the demo model saw in training: ~19K tokens
+DEMO_DATA = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "queue.py", "heapq.py")
+
+
+class ByteTokenizer:
+    """Enough of a tokenizer for training on text: bytes as ids."""
+
+    eos_token_id = None
+
+    def __call__(self, text):
+        return {"input_ids": list(text.encode())}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("base")
+    make_checkpoint(path, "llama", vocab=300, max_positions=256)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir):
+    m = longspec.load_model(tiny_model_dir, dtype="float32", device="cpu")
+    m.tokenizer = ByteTokenizer()
+    return m
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    return path
+
+
+def demo_data() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return [root / name for name in DEMO_DATA]
+
+
+@pytest.fixture(scope="session")
+def demo_eagle(tmp_path_factory) -> Path:
+    """The directory of an EAGLE drafter for the demo model: 30 steps of 2 x 128 tokens."""
+    from longspec.heads.train import DrafterTraining, train_drafter
+
+    out = tmp_path_factory.mktemp("demo_eagle")
+    model = longspec.load_model("demo", dtype="float32", device="cpu")
+    cfg = DrafterTraining(kind="eagle", steps=30, batch_size=2, seq_len=128, warmup_steps=3)
+    train_drafter(model, demo_data(), cfg, out=out, progress=False)
+    return out

@@ -1,0 +1,142 @@
+"""Training drafters: the EAGLE drafter learns and round-trips, an interrupted training
+continues to the weights of an uninterrupted one, checkpoints and drafters of other settings or
+models are refused, bad settings are named."""
+
+import json
+
+import pytest
+import torch
+from helpers import make_checkpoint
+
+import longspec
+from longspec.cli import main
+from longspec.heads import load_eagle
+from longspec.heads.data import data_files
+from longspec.heads.train import DrafterTraining, train_drafter
+
+TINY = {"batch_size": 2, "seq_len": 48, "warmup_steps": 2}
+
+
+def weights(path, kind):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / f"{kind}.safetensors"))
+
+
+def test_eagle_training_lowers_held_out_loss_and_round_trips(tiny_model, text_file, tmp_path):
+    cfg = DrafterTraining(kind="eagle", steps=12, lr=1e-2, **TINY)
+    record = train_drafter(tiny_model, [text_file], cfg, out=tmp_path, progress=False)
+    assert record["held_out_loss_after"] < record["held_out_loss_before"] - 0.1
+    assert record["agreement_after"][0] > record["agreement_before"][0]
+    saved = json.loads((tmp_path / "eagle.json").read_text())
+    assert saved["training"]["steps"] == 12 and saved["format"] == 1
+    assert len(saved["loss_curve"]) == 12 and saved["data"] == [str(text_file)]
+    drafter = load_eagle(tmp_path, tiny_model)
+    assert all(torch.equal(drafter.state_dict()[k], v)
+               for k, v in weights(tmp_path, "eagle").items())
+    assert not (tmp_path / "eagle.checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("kind", ["eagle", "heads"])
+def test_interrupted_training_continues_to_the_same_weights(tiny_model, text_file, tmp_path,
+                                                            kind):
+    cfg = DrafterTraining(kind=kind, steps=6, checkpoint_every=2, **TINY)
+    whole = train_drafter(tiny_model, [text_file], cfg, out=tmp_path / "whole", progress=False)
+    part = train_drafter(tiny_model, [text_file], cfg, out=tmp_path / "part", progress=False,
+                         stop_after=3)
+    assert not part["finished"] and (tmp_path / "part" / f"{kind}.checkpoint.pt").is_file()
+    rest = train_drafter(tiny_model, [text_file], cfg, out=tmp_path / "part", progress=False)
+    assert rest["loss_curve"] == whole["loss_curve"]
+    assert rest["held_out_loss_after"] == whole["held_out_loss_after"]
+    a, b = weights(tmp_path / "whole", kind), weights(tmp_path / "part", kind)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoint_of_other_settings_is_refused(tiny_model, text_file, tmp_path):
+    cfg = DrafterTraining(kind="eagle", steps=4, **TINY)
+    train_drafter(tiny_model, [text_file], cfg, out=tmp_path, progress=False, stop_after=1)
+    other = DrafterTraining(kind="eagle", steps=4, lr=1e-2, **TINY)
+    with pytest.raises(ValueError, match="checkpoint of another training.*lr"):
+        train_drafter(tiny_model, [text_file], other, out=tmp_path, progress=False)
+    # the heads kind has its own checkpoint beside it
+    train_drafter(tiny_model, [text_file], DrafterTraining(kind="heads", steps=1, **TINY),
+                  out=tmp_path, progress=False)
+
+
+def test_eagle_drafter_for_another_model_is_refused(tiny_model, text_file, tmp_path,
+                                                     tmp_path_factory):
+    train_drafter(tiny_model, [text_file], DrafterTraining(kind="eagle", steps=1, **TINY),
+                  out=tmp_path, progress=False)
+    other_dir = tmp_path_factory.mktemp("other")
+    make_checkpoint(other_dir, "llama", vocab=300, max_positions=256, seed=7)
+    other = longspec.load_model(other_dir, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="trained for another model"):
+        load_eagle(tmp_path, other)
+    with pytest.raises(ValueError, match="trained for another model"):
+        longspec.generate(other, [1, 2, 3], max_new_tokens=2, method="eagle", heads=tmp_path)
+    with pytest.raises(ValueError, match="method 'eagle' needs a trained drafter: pass "
+                       "heads=PATH .* or run 'longspec train-drafter MODEL --kind eagle"):
+        longspec.generate(other, [1, 2, 3], max_new_tokens=2, method="eagle")
+
+
+def test_a_heads_directory_given_to_eagle_says_what_it_holds(tiny_model, text_file, tmp_path):
+    train_drafter(tiny_model, [text_file], DrafterTraining(kind="heads", steps=1, **TINY),
+                  out=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="holds no eagle drafter.*of kind 'heads'"):
+        load_eagle(tmp_path, tiny_model)
+
+
+def test_kind_and_settings_are_validated(tiny_model, text_file, capsys):
+    with pytest.raises(ValueError, match="kind must be one of eagle, heads"):
+        DrafterTraining(kind="medusa").validate()
+    with pytest.raises(ValueError, match="lr must be a positive number"):
+        DrafterTraining(lr=-1.0).validate()
+    with pytest.raises(SystemExit) as exit_:
+        main(["train-drafter", "demo", "--kind", "medusa", "--data", str(text_file),
+              "--out", "x"])
+    assert exit_.value.code == 2 and "invalid choice: 'medusa'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train-drafter", "demo", "--data", str(text_file), "--out", "x"])
+    assert "--kind" in capsys.readouterr().err
+
+
+def test_data_directories_expand_to_their_text_files(tmp_path):
+    (tmp_path / "pkg" / "tests").mkdir(parents=True)
+    for name in ("pkg/a.py", "pkg/b.md", "pkg/tests/t.py", "pkg/c.bin"):
+        (tmp_path / name).write_text("x = 1\n")
+    (tmp_path / "pkg" / "latin.py").write_bytes(b"\xe9\xff")
+    assert data_files([tmp_path]) == [tmp_path / "pkg" / "a.py", tmp_path / "pkg" / "b.md"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no .py"):
+        data_files([tmp_path / "empty"])
+
+
+def test_training_needs_a_tokenizer(tiny_model_dir, text_file):
+    model = longspec.load_model(tiny_model_dir, dtype="float32", device="cpu")
+    model.tokenizer = None
+    with pytest.raises(ValueError, match="no tokenizer"):
+        train_drafter(model, [text_file], DrafterTraining(steps=1, **TINY), progress=False)
+
+
+def test_ctrl_c_leaves_a_checkpoint_that_continues_the_run(tiny_model, text_file, tmp_path,
+                                                           monkeypatch):
+    from longspec.heads import train
+
+    cfg = DrafterTraining(kind="eagle", steps=5, checkpoint_every=100, **TINY)
+    whole = train_drafter(tiny_model, [text_file], cfg, out=tmp_path / "whole", progress=False)
+    real, calls = train.sample_windows, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 4 + train.EVAL_BATCHES:     # the before-evaluation's, then 3 steps
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(train, "sample_windows", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(tiny_model, [text_file], cfg, out=tmp_path / "part", progress=False)
+    monkeypatch.setattr(train, "sample_windows", real)
+    rest = train_drafter(tiny_model, [text_file], cfg, out=tmp_path / "part", progress=False)
+    assert rest["loss_curve"] == whole["loss_curve"]
+    a, b = weights(tmp_path / "whole", "eagle"), weights(tmp_path / "part", "eagle")
+    assert all(torch.equal(a[k], b[k]) for k in a)
