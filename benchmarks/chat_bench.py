@@ -3,7 +3,9 @@ token-identity check against `ar` and transformers' generate (plain and prompt l
 
 Each run starts cold: what drafters learn across calls on a model (earlier outputs, the
 recycling matrix, calibrations) is cleared before every generation, so no run profits from
-an earlier run of the same prompt. Runs generate exactly --new-tokens tokens (EOS ignored).
+an earlier run of the same prompt. Runs generate exactly --new-tokens tokens (EOS ignored);
+each row says where `ar`'s answer first reached end-of-turn (`first_eos`), after which the
+model continues with whatever it writes past the end of an answer.
 
     python benchmarks/chat_bench.py --model smollm2 --dtype bfloat16 --new-tokens 1024 \\
         --methods ar,auto,suffix,recycling,pld,hf,hf-pld --settings greedy,t07 --out chat.json
@@ -90,11 +92,15 @@ def main() -> None:
             results = {m: run_one(model, peers, m, ids, args.new_tokens, sampling)
                        for m in methods}
             ref = results["ar"]
+            eos = model.eos_token_ids
+            # where the answer ends: the tokens after it continue past end-of-turn
+            first_eos = next((i for i, t in enumerate(ref["tokens"]) if t in eos), None)
             for m, r in results.items():
                 row = {"setting": setting, "prompt": k, "method": m,
                        "tok_s": round(r["tok_s"], 2),
                        "vs_ar": round(r["tok_s"] / ref["tok_s"], 3),
                        "identical": r["tokens"] == ref["tokens"] if m not in PEERS else None,
+                       "first_eos": first_eos,
                        **{key: r[key] for key in ("len", "nodes", "sources") if key in r}}
                 rows.append(row)
                 print(json.dumps(row), flush=True)

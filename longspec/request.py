@@ -108,10 +108,15 @@ def encode_prompt(model: Model, prompt) -> list[int]:
                             "messages") from None
     if not ids:
         raise ValueError("the prompt is empty")
+    return check_vocab(model, ids, "prompt")
+
+
+def check_vocab(model: Model, ids: list[int], what: str) -> list[int]:
+    """`ids`, once every one is inside the model's vocabulary."""
     vocab = model.config.vocab_size
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
-        raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        raise ValueError(f"{what} token id {bad[0]} is outside the vocabulary [0, {vocab})")
     return ids
 
 
@@ -125,10 +130,7 @@ def resumed_ids(model: Model, r: Request, max_new_tokens: int) -> list[int]:
         ids = [as_int(t, "resume_from token ids") for t in r.resume_from]
     except TypeError:
         raise TypeError("resume_from must be a list of token ids") from None
-    vocab = model.config.vocab_size
-    bad = [t for t in ids if not 0 <= t < vocab]
-    if bad:
-        raise ValueError(f"resume_from token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    check_vocab(model, ids, "resume_from")
     if len(ids) > max_new_tokens:
         raise ValueError(f"resume_from holds {len(ids)} tokens, more than max_new_tokens "
                          f"({max_new_tokens}); pass the max_new_tokens of the run it came from")

@@ -74,7 +74,7 @@ def test_eagle_drafter_for_another_model_is_refused(tiny_model, text_file, tmp_p
         load_eagle(tmp_path, other)
     with pytest.raises(ValueError, match="trained for another model"):
         longspec.generate(other, [1, 2, 3], max_new_tokens=2, method="eagle", heads=tmp_path)
-    with pytest.raises(ValueError, match="method 'eagle' needs a trained drafter: pass "
+    with pytest.raises(ValueError, match="needs an EAGLE drafter: pass "
                        "heads=PATH .* or run 'longspec train-drafter MODEL --kind eagle"):
         longspec.generate(other, [1, 2, 3], max_new_tokens=2, method="eagle")
 

@@ -62,7 +62,7 @@ def test_save_load_round_trip_keeps_weights(tiny_model, tmp_path):
 
 def test_first_format_heads_load_with_the_final_norm_and_behave_as_before():
     model = longspec.load_model("demo", dtype="float32", device="cpu")
-    heads = load_heads(longspec.heads.find_bundled_heads(model), model)   # format 1
+    heads = load_heads(longspec.heads.store.find_bundled(model, "heads"), model)   # format 1
     net = model.net
     assert all(torch.equal(norm, net.norm) for norm in heads.out_norms)
     h0 = torch.randn(2, model.config.hidden_size) * 30

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..heads.eagle import EagleDrafterNet, FeatureCache, find_bundled_eagle, load_eagle
-from ..heads.store import train_hint
+from ..heads import store
+from ..heads.eagle import EagleDrafterNet, FeatureCache, load_eagle
 from ..tree import CANDIDATES, DraftTree, TrieBuilder
 from .base import Budget, Drafter
 from .registry import MethodSpec, Option
@@ -32,24 +32,14 @@ BEAM = 4                         # nodes expanded per depth
 CATCH_UP_SCORE_BYTES = 64 * 2**20   # largest attention score buffer of a catch-up chunk
 
 
-def resolve_eagle(model, drafter) -> EagleDrafterNet:
-    """The EAGLE drafter for `model` from a path, a module, or the bundled one (None)."""
-    if isinstance(drafter, EagleDrafterNet):
-        return drafter.to(device=model.device, dtype=model.dtype)
-    path = drafter if drafter is not None else find_bundled_eagle(model)
-    if path is None:
-        raise ValueError("method 'eagle' needs a trained drafter: pass heads=PATH (--heads "
-                         f"PATH) or {train_hint('eagle')}")
-    return load_eagle(path, model)
-
-
 class EagleDrafter(Drafter):
     needs_hidden = True
 
     def __init__(self, model, drafter, sampler, context: int, budget: Budget,
                  top_k: int = TOP_K, beam: int = BEAM):
         self.net = model.net
-        self.eagle = resolve_eagle(model, drafter)
+        self.eagle = store.resolve(model, drafter, "eagle", "an EAGLE drafter", EagleDrafterNet,
+                                   load_eagle)
         self.sampler = sampler
         self.device = model.device
         self.top_k = min(top_k, model.config.vocab_size)

@@ -10,25 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from ..heads import find_bundled_heads, load_heads
+from ..heads import MultiTokenHeads, load_heads, store
 from ..tree import DraftTree, TreeTemplate
 from .base import Budget, Drafter
 from .registry import MethodSpec
 
 WIDTH = 8
-
-
-def resolve_heads(model, heads):
-    """Loaded heads for `model` from a path, a module, or the bundled demo heads (None)."""
-    from ..heads.module import MultiTokenHeads
-
-    if isinstance(heads, MultiTokenHeads):
-        return heads.to(device=model.device, dtype=model.dtype)
-    path = heads if heads is not None else find_bundled_heads(model)
-    if path is None:
-        raise ValueError("this method needs multi-token heads: pass heads=PATH (--heads PATH), "
-                         "or train them with 'longspec train-heads'")
-    return load_heads(path, model)
 
 
 class HeadGuesses:
@@ -37,7 +24,8 @@ class HeadGuesses:
 
     def __init__(self, model, heads, sampler):
         self.net = model.net
-        self.heads = resolve_heads(model, heads)
+        self.heads = store.resolve(model, heads, "heads", "multi-token heads", MultiTokenHeads,
+                                   load_heads)
         self.sampler = sampler
 
     @property

@@ -157,13 +157,4 @@ def load_eagle(path: str | Path, model) -> EagleDrafterNet:
     net = EagleDrafterNet.for_model(model)
     if shape != net.shape:
         net = EagleDrafterNet(shape, net.inv_freq, net.rope_scale)
-    try:
-        net.load_state_dict(state)
-    except RuntimeError as e:
-        raise ValueError(f"cannot load {path}/eagle.safetensors: {e}") from None
-    net.requires_grad_(False)
-    return net.to(device=model.device, dtype=model.dtype).eval()
-
-
-def find_bundled_eagle(model) -> Path | None:
-    return store.find_bundled(model, "eagle")
+    return store.load_into(net, state, path, "eagle", model)

@@ -27,7 +27,7 @@ HEADS_CONFIG = "heads.json"
 GAMMA = 3
 FORMAT = 2
 
-__all__ = ["GAMMA", "HEADS_CONFIG", "HEADS_WEIGHTS", "MultiTokenHeads", "find_bundled_heads",
+__all__ = ["GAMMA", "HEADS_CONFIG", "HEADS_WEIGHTS", "MultiTokenHeads",
            "fingerprint", "load_heads"]
 
 
@@ -86,14 +86,4 @@ def load_heads(path: str | Path, model) -> MultiTokenHeads:
     if int(meta.get("format", 1)) == 1:       # no output norms: the final norm's, as built
         state = {**state, **{k: v for k, v in heads.state_dict().items()
                              if k.startswith("out_norms.")}}
-    try:
-        heads.load_state_dict(state)
-    except RuntimeError as e:
-        raise ValueError(f"cannot load {path}/{HEADS_WEIGHTS}: {e}") from None
-    heads.requires_grad_(False)
-    return heads.to(device=model.device, dtype=model.dtype).eval()
-
-
-def find_bundled_heads(model) -> Path | None:
-    """The heads shipped for `model`, when there are."""
-    return store.find_bundled(model, "heads")
+    return store.load_into(heads, state, path, "heads", model)

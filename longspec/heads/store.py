@@ -80,6 +80,29 @@ def read(path: str | Path, kind: str, model) -> tuple[dict, dict[str, torch.Tens
         raise ValueError(f"cannot load {weights}: {e}") from None
 
 
+def load_into(module: torch.nn.Module, state: dict, path: str | Path, kind: str, model):
+    """`module` holding the drafter's weights, frozen, on the model's device and dtype."""
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as e:
+        raise ValueError(f"cannot load {files(Path(path), kind)[1]}: {e}") from None
+    module.requires_grad_(False)
+    return module.to(device=model.device, dtype=model.dtype).eval()
+
+
+def resolve(model, given, kind: str, what: str, module_type: type, load):
+    """The trained drafter of `kind` (`what`, for messages) for `model`: `given` as a loaded
+    module of `module_type`, a directory read with `load(path, model)`, or None for the one
+    bundled for the model."""
+    if isinstance(given, module_type):
+        return given.to(device=model.device, dtype=model.dtype)
+    path = given if given is not None else find_bundled(model, kind)
+    if path is None:
+        raise ValueError(f"this method needs {what}: pass heads=PATH (--heads PATH), or "
+                         f"{train_hint(kind)}")
+    return load(path, model)
+
+
 def find_bundled(model, kind: str) -> Path | None:
     """A bundled drafter of `kind` for `model`, or None."""
     candidates = [ZOO_DRAFTERS / fingerprint(model) / kind]
