@@ -28,10 +28,12 @@ __all__ = ["Model", "build_transformer", "demo_path", "load_model", "load_tokeni
            "read_tensors", "resolve_device", "resolve_dtype"]
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-# float32 on a CPU: the fastest for the bundled models on the project's CPU, and the dtype in
-# which speculation is token-equal to plain decoding (bfloat16 is faster for larger models and
-# can be chosen explicitly; BENCHMARKS.md has the measurements).
-CPU_AUTO_DTYPE = torch.float32
+# 'auto' on a CPU, by measurement (BENCHMARKS.md): float32 for models below this many
+# parameters (the 7.7M demo model decodes at 4.7 ms/token in float32, 7.3 in bfloat16: too small
+# to be bound by memory), bfloat16 above (a 40M model 15-25% faster; SmolLM2-135M 33.8 / 35.7
+# ms/token at 1K / 4K context against 38.1 / 57.7). Speculation is token-equal to plain
+# decoding in both (the batch-invariant forward).
+CPU_FLOAT32_BELOW = 20_000_000
 
 
 @dataclass(eq=False)
@@ -96,14 +98,16 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return device
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device,
-                  quantized: bool = False) -> torch.dtype:
-    """The activations' dtype (and the dense weights'); 'auto' is bfloat16 on CUDA and for
-    quantized weights (the int4 kernel's fast path), else CPU_AUTO_DTYPE."""
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, quantized: bool = False,
+                  parameters: int = 0) -> torch.dtype:
+    """The activations' dtype (and the dense weights'); 'auto' is bfloat16 on CUDA, for
+    quantized weights (the int4 kernel's fast path) and for models of CPU_FLOAT32_BELOW
+    `parameters` or more, float32 for smaller ones on a CPU."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" or quantized else CPU_AUTO_DTYPE
+        small = device.type == "cpu" and not quantized and parameters < CPU_FLOAT32_BELOW
+        return torch.float32 if small else torch.bfloat16
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
@@ -190,13 +194,13 @@ def load_tokenizer(model_dir: Path):
         raise ValueError(f"cannot load the tokenizer in {model_dir}: {e}") from None
 
 
-def _load_checkpoint(source: Source, dt: torch.dtype, dev: torch.device,
-                     quantize: str | None) -> Model:
+def _load_checkpoint(source: Source, dtype, dev: torch.device, quantize: str | None) -> Model:
     model_dir = source.path
     config = read_config(model_dir)
     files = _weight_files(model_dir)
     sizes = _tensor_sizes(files)
     _check_head(config, sizes, model_dir)
+    dt = resolve_dtype(dtype, dev, quantize is not None, sum(sizes.values()))
     ensure_fits(sum(sizes.values()) * dt.itemsize, dev, f"the weights in {dt}",
                 "use a smaller dtype or model")
     net = build_transformer(config, read_tensors(files), dt, dev, quantize)
@@ -210,7 +214,7 @@ def _load_gguf(source: Source, dtype, dev: torch.device, dequantize: bool) -> Mo
     config = gguf.gguf_config(reader, path)
     gguf.check_tensor_types(reader, path)
     keep = not dequantize and dev.type == "cpu" and gguf.is_quantized(reader)
-    dt = resolve_dtype(dtype, dev, quantized=keep)
+    dt = resolve_dtype(dtype, dev, keep, gguf.gguf_numel(reader))
     ensure_fits(gguf.gguf_numel(reader) * dt.itemsize, dev, f"the weights in {dt}",
                 "use a smaller dtype or model")
     tokenizer = gguf.gguf_tokenizer(reader, path)
@@ -240,5 +244,5 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
             raise ValueError(f"{source.name} is a GGUF file: it is quantized already (pass "
                              "dequantize=True to expand it instead)")
         return _load_gguf(source, dtype, dev, dequantize)
-    return _load_checkpoint(source, resolve_dtype(dtype, dev, quantized=quantize is not None),
-                            dev, quantize)
+    resolve_dtype(dtype, dev)       # a bad name fails before any file is read
+    return _load_checkpoint(source, dtype, dev, quantize)
