@@ -1,8 +1,9 @@
 """Every method writes exactly the tokens plain decoding writes: same seed, same settings,
-greedy and sampled, with and without the penalty, 1K new tokens, on the demo model, in float32
-(two held-out prompts) and bfloat16 (one), the slow tier; and a 128-token smoke version of the
-same matrix in both dtypes (the fast tier). Exactness in bfloat16 rests on the batch-invariant
-forward (test_batch_invariance.py)."""
+greedy and sampled, with and without the penalty, on the demo model. The slow tier: 1K new
+tokens in float32 (greedy and sampled, both with the penalty) and 512 in bfloat16 (greedy and
+top-p, without it), so that every setting runs long in one dtype; the fast tier: 128 tokens of
+the penalty settings in float32 and a sampled one in bfloat16, on another prompt. Exactness in
+bfloat16 rests on the batch-invariant forward (test_batch_invariance.py)."""
 
 import functools
 from pathlib import Path
@@ -21,6 +22,7 @@ SETTINGS = {
     "sampling_top_p": S(temperature=0.8, top_p=0.9),
 }
 NEW_TOKENS = 1024
+BF16_NEW_TOKENS = 512
 # small retrieval and partial caches, so that they select and rank within these short runs;
 # scored trees at a fixed size, so that drafts are verified whatever the measured costs say
 # ("auto" keeps adaptive sizing: it is the default and must be exact as it is)
@@ -78,18 +80,17 @@ def check_matches_ar(entry: str, setting: str, prompt: str, new_tokens: int,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prompt", ["tqdm", "transformers"])
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
 @pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_token_for_token(method, setting, prompt, drafter):
-    check_matches_ar(method, setting, prompt, NEW_TOKENS, drafter=drafter)
+def test_method_matches_ar_token_for_token(method, setting, drafter):
+    check_matches_ar(method, setting, "transformers", NEW_TOKENS, drafter=drafter)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("setting", ["greedy", "sampling_top_p"])
 @pytest.mark.parametrize("method", METHODS)
 def test_method_matches_ar_token_for_token_in_bfloat16(method, setting, drafter):
-    check_matches_ar(method, setting, "transformers", NEW_TOKENS, "bfloat16", drafter)
+    check_matches_ar(method, setting, "transformers", BF16_NEW_TOKENS, "bfloat16", drafter)
 
 
 @pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
@@ -107,7 +108,7 @@ def test_method_matches_ar_for_128_tokens_in_bfloat16(method, drafter):
 def test_tokenswift_drafting_from_the_verify_pass_matches_ar():
     target, _ = models()
     setting = "sampling_min_p_penalty"
-    res = longspec.generate(target, prompts()["tqdm"], max_new_tokens=NEW_TOKENS,
+    res = longspec.generate(target, prompts()["transformers"], max_new_tokens=NEW_TOKENS,
                             method="tokenswift", sampling=SETTINGS[setting], seed=3,
                             ignore_eos=True, options={"draft_pass": "verify"})
-    assert tuple(res.token_ids) == reference("tqdm", setting)
+    assert tuple(res.token_ids) == reference("transformers", setting)

@@ -20,6 +20,7 @@ from longspec.sampling import process_logits
 V = 8
 PROMPT = [(7 * i + 3) % V for i in range(40)]
 SAMPLING = longspec.SamplingConfig(temperature=1.0, penalty=1.3, penalty_window=8)
+SAMPLES = 1200
 TRIFORCE = {"retrieval_budget": 16, "rebuild_every": 4, "streaming_window": 8, "gamma1": 2,
             "max_depth": 4}
 
@@ -86,17 +87,17 @@ def test_exact_distribution_is_far_from_the_draft_models(models):
     target, draft = models
     p, q = exact_joint(target), exact_joint(draft)
     # the test could tell a sampler that returned the draft's distribution
-    assert 0.5 * sum(abs(p[k] - q[k]) for k in p) > 4 * noise_bound(p, 2400)
+    assert 0.5 * sum(abs(p[k] - q[k]) for k in p) > 4 * noise_bound(p, SAMPLES)
 
 
 @pytest.mark.slow
 def test_draft_rejection_sampling_converges_to_target_distribution(models):
-    check_converges(run(models, "draft", 2400, {"max_depth": 3}), exact_joint(models[0]))
+    check_converges(run(models, "draft", SAMPLES, {"max_depth": 3}), exact_joint(models[0]))
 
 
 @pytest.mark.slow
 def test_triforce_rejection_sampling_converges_to_target_distribution(models):
-    check_converges(run(models, "triforce", 2400, TRIFORCE), exact_joint(models[0]))
+    check_converges(run(models, "triforce", SAMPLES, TRIFORCE), exact_joint(models[0]))
 
 
 def test_triforce_middle_level_samples_the_retrieval_targets_distribution(models):
@@ -128,7 +129,7 @@ def test_triforce_middle_level_samples_the_retrieval_targets_distribution(models
     mid.rewind(mark - 1)
     assert 0.5 * sum(abs(exact[k] - p) for k, p in exact_joint(target).items()) > 0.02
     samples = []
-    for s in range(2400):
+    for s in range(SAMPLES):
         engine.sampler.rng.manual_seed(s)
         new, _ = tf.middle_step(prompt, [], 2)
         if len(new) < 2:
