@@ -21,6 +21,9 @@ class ByteTokenizer:
     def __call__(self, text):
         return {"input_ids": list(text.encode())}
 
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(i for i in ids if i < 256).decode(errors="replace")
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):

@@ -32,7 +32,8 @@ def test_eagle_training_lowers_held_out_loss_and_round_trips(tiny_model, text_fi
     assert saved["training"]["steps"] == 12 and saved["format"] == 1
     assert len(saved["loss_curve"]) == 12 and saved["data"] == [str(text_file)]
     drafter = load_eagle(tmp_path, tiny_model)
-    assert all(torch.equal(drafter.state_dict()[k], v)
+    # saved in bfloat16, loaded into the model's dtype
+    assert all(torch.equal(drafter.state_dict()[k], v.to(drafter.state_dict()[k].dtype))
                for k, v in weights(tmp_path, "eagle").items())
     assert not (tmp_path / "eagle.checkpoint.pt").exists()
 
@@ -140,3 +141,29 @@ def test_ctrl_c_leaves_a_checkpoint_that_continues_the_run(tiny_model, text_file
     assert rest["loss_curve"] == whole["loss_curve"]
     a, b = weights(tmp_path / "whole", "eagle"), weights(tmp_path / "part", "eagle")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_eagle_with_a_draft_vocabulary_learns_guesses_only_frequent_tokens_and_is_exact(
+        tiny_model, text_file, tmp_path):
+    cfg = DrafterTraining(kind="eagle", steps=12, lr=1e-2, draft_vocab=24, **TINY)
+    record = train_drafter(tiny_model, [text_file], cfg, out=tmp_path, progress=False)
+    assert record["held_out_loss_after"] < record["held_out_loss_before"] - 0.1
+    drafter = load_eagle(tmp_path, tiny_model)
+    text = text_file.read_text()
+    vocab = drafter.vocab.tolist()
+    assert vocab == sorted(set(vocab)) and len(vocab) == 24
+    assert set(vocab) <= set(text.encode()) and {ord(" "), ord("o"), ord("e")} <= set(vocab)
+    prompt = list(text[:40].encode())
+    sampling = longspec.SamplingConfig(temperature=0)
+    ar = longspec.generate(tiny_model, prompt, max_new_tokens=40, method="ar",
+                           sampling=sampling, ignore_eos=True)
+    res = longspec.generate(tiny_model, prompt, max_new_tokens=40, method="eagle",
+                            heads=tmp_path, sampling=sampling, ignore_eos=True,
+                            options={"sizing": "fixed"})
+    assert res.token_ids == ar.token_ids
+    assert res.stats["accepted_draft_tokens"] > 0
+
+
+def test_draft_vocabulary_must_not_be_negative():
+    with pytest.raises(ValueError, match="draft_vocab must be 0"):
+        DrafterTraining(draft_vocab=-1).validate()

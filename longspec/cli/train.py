@@ -1,5 +1,5 @@
-"""`longspec train-drafter` (and its alias `train-heads`, the heads kind) and
-`longspec train-tiny`."""
+"""`longspec train-drafter` (and its alias `train-heads`, the heads kind), `longspec answers`
+(self-distillation data for it) and `longspec train-tiny`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..heads.store import KINDS
 from ..heads.train import LR, TARGETS, DrafterTraining
-from .flags import load_from_args, model_flags
+from .flags import load_from_args, model_flags, sampling_flags, sampling_from_args
 
 
 def _drafter_flags(p, kind: str | None) -> None:
@@ -33,6 +33,9 @@ def _drafter_flags(p, kind: str | None) -> None:
     p.add_argument("--target", choices=TARGETS, default=d.target,
                    help="learn the model's own predictions (distill) or the text's tokens")
     p.add_argument("--gamma", type=int, default=d.gamma, help="heads: how many")
+    p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, metavar="N",
+                   help="eagle: guess among the N most frequent tokens of the data only (a "
+                        "smaller, faster LM head product; 0: the whole vocabulary)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="STEPS")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", action="store_true")
@@ -46,6 +49,21 @@ def add_parsers(sub) -> None:
                    None)
     _drafter_flags(sub.add_parser("train-heads", help="train multi-token heads for a model "
                                   "(train-drafter --kind heads)"), "heads")
+
+    a = sub.add_parser("answers", help="write the model's own chat answers to instructions as "
+                       "training text for its drafters (self-distillation)")
+    a.add_argument("model", help="checkpoint directory, GGUF file, Hub id or bundled name")
+    a.add_argument("--instructions", required=True, metavar="FILE",
+                   help="one instruction per line")
+    a.add_argument("--out", required=True, help="directory for answer-NNNN.txt (existing files "
+                   "are kept, so a second run continues an interrupted one)")
+    a.add_argument("--max-new-tokens", type=int, default=1024)
+    a.add_argument("--method", default="auto", help="how to generate (every method writes "
+                   "the same text)")
+    a.add_argument("--no-progress", action="store_true")
+    sampling_flags(a)
+    model_flags(a)
+    a.set_defaults(run=run_answers)
 
     t = sub.add_parser("train-tiny", help="train the demo tokenizer, target and draft models")
     t.add_argument("--out", default=None, help="output directory (default: the bundled location)")
@@ -61,6 +79,7 @@ def run_train_drafter(args) -> int:
     cfg = DrafterTraining(kind=args.kind, steps=args.steps, lr=args.lr,
                           warmup_steps=args.warmup_steps, batch_size=args.batch_size,
                           seq_len=args.seq_len, target=args.target, gamma=args.gamma,
+                          draft_vocab=args.draft_vocab,
                           checkpoint_every=args.checkpoint_every, seed=args.seed).validate()
     model = load_from_args(args.model, args)
     record = train_drafter(model, args.data, cfg, out=args.out, progress=not args.no_progress)
@@ -69,6 +88,19 @@ def run_train_drafter(args) -> int:
     print(f"held-out loss {record['held_out_loss_before']} -> {record['held_out_loss_after']}; "
           f"top-1 agreement with the model per depth {before} -> {depths}; "
           f"{record['seconds']:.0f} s; {cfg.kind} drafter saved to {args.out}")
+    return 0
+
+
+def run_answers(args) -> int:
+    from ..heads.answers import read_instructions, write_answers
+
+    instructions = read_instructions(args.instructions)
+    sampling = sampling_from_args(args)
+    model = load_from_args(args.model, args)
+    paths = write_answers(model, instructions, args.out, max_new_tokens=args.max_new_tokens,
+                          sampling=sampling, seed=args.seed, method=args.method,
+                          progress=not args.no_progress)
+    print(f"{len(paths)} answers in {args.out}")
     return 0
 
 

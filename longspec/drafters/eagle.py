@@ -46,6 +46,8 @@ class EagleDrafter(Drafter):
         self.beam = beam
         self.cache = FeatureCache(self.eagle.shape, context + budget.max_depth * beam + 1,
                                   model.dtype, model.device)
+        self.vocab = self.eagle.vocab             # draft vocabulary [V'], or None: all
+        self.head = self.eagle.head(self.net) if self.vocab is not None else None
         self.length = 0                          # committed pairs in the feature cache
         self.pending: list[torch.Tensor] = []    # their features [*, hidden], not yet run
         self.root_feature: torch.Tensor | None = None   # [1, hidden]
@@ -95,7 +97,14 @@ class EagleDrafter(Drafter):
                    ) -> tuple[list[list[int]], list[list[float]]]:
         """The top_k tokens after each predicted feature [m, hidden] at `depth` below the root,
         and their draft probabilities, as host lists [m][top_k]."""
-        logits = self.net.hidden_to_logits(features)
+        if self.vocab is None:
+            logits = self.net.hidden_to_logits(features)
+        else:       # the draft vocabulary's rows only; the other tokens never win
+            net = self.net
+            h = F.rms_norm(features, (net.config.hidden_size,), net.norm,
+                           net.config.rms_norm_eps)
+            logits = h.new_full((h.shape[0], net.config.vocab_size), float("-inf"))
+            logits[:, self.vocab] = F.linear(h, self.head)
         s = self.sampler
         top = torch.topk(s.guess_scores(logits, depth, same_depth=True), self.top_k, -1).indices
         probs = torch.softmax(s.guess_scores(logits, depth, noise=False, same_depth=True)

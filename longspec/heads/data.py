@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from ..cache import StaticCache, causal_mask
 from ..text import read_text_file
@@ -61,11 +62,9 @@ def stream_digest(stream: torch.Tensor) -> str:
     return hashlib.blake2b(stream.numpy().tobytes(), digest_size=8).hexdigest()
 
 
-def sample_windows(stream: torch.Tensor, batch_size: int, seq_len: int,
-                   gen: torch.Generator) -> torch.Tensor:
-    """[batch_size, seq_len] windows of the stream at random starts."""
-    starts = torch.randint(0, len(stream) - seq_len, (batch_size,), generator=gen)
-    return torch.stack([stream[s:s + seq_len] for s in starts.tolist()])
+def sample_windows(count: int, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    """[batch_size] indices of windows among `count`, drawn with replacement."""
+    return torch.randint(0, count, (batch_size,), generator=gen)
 
 
 @dataclass(frozen=True)
@@ -75,20 +74,39 @@ class TargetBatch:
     logits: torch.Tensor | None   # [B, T, vocab] float32: the target's next-token logits
 
 
-@torch.no_grad()
-def target_batch(model, windows: torch.Tensor, want_logits: bool) -> TargetBatch:
-    """The frozen target's outputs over each window, run alone from position 0."""
-    net = model.net
-    seq_len = windows.shape[1]
-    mask = causal_mask(seq_len, net.dtype, net.device)
-    positions = torch.arange(seq_len, device=net.device)
-    hidden, logits = [], []
-    for seq in windows:
+class TargetFeatures:
+    """The frozen target's features over a token stream cut into windows of `seq_len`
+    tokens, each run alone from position 0. They are computed once, kept in the model's dtype
+    (exactly what its forward gives), and serve every step that draws the window; the
+    target's logits, when a batch needs them, come from them through its final norm and LM
+    head, as in its forward."""
+
+    def __init__(self, model, stream: torch.Tensor, seq_len: int, progress: bool = False,
+                 desc: str = "target features"):
+        net = model.net
+        count = len(stream) // seq_len
+        self.model = model
+        self.windows = stream[:count * seq_len].view(count, seq_len).to(net.device)
+        self.hidden = torch.empty(count, seq_len, model.config.hidden_size, dtype=net.dtype,
+                                  device=net.device)
+        mask = causal_mask(seq_len, net.dtype, net.device)
+        positions = torch.arange(seq_len, device=net.device)
         cache = StaticCache(model.config, seq_len, net.dtype, net.device)
-        out = net(seq.to(net.device), positions, cache, mask, return_hidden=True,
-                  need_logits=want_logits)
-        hidden.append(out.hidden.float())
+        with torch.no_grad():
+            for i in tqdm(range(count), desc=desc, disable=not progress, dynamic_ncols=True):
+                out = net(self.windows[i], positions, cache, mask, return_hidden=True,
+                          need_logits=False)
+                self.hidden[i] = out.hidden
+
+    def __len__(self) -> int:
+        return self.windows.shape[0]
+
+    @torch.no_grad()
+    def batch(self, index: torch.Tensor, want_logits: bool) -> TargetBatch:
+        """The windows `index` [B] with their features (and the target's logits)."""
+        hidden = self.hidden[index.to(self.hidden.device)]
+        logits = None
         if want_logits:
-            logits.append(out.logits.float())
-    return TargetBatch(windows.to(net.device), torch.stack(hidden),
-                       torch.stack(logits) if want_logits else None)
+            flat = self.model.net.hidden_to_logits(hidden.flatten(0, 1))
+            logits = flat.view(*hidden.shape[:2], -1).float()
+        return TargetBatch(self.windows[index.to(self.windows.device)], hidden.float(), logits)

@@ -14,6 +14,11 @@ one Llama decoder layer (RMSNorm, rotary attention with the target's head layout
 MLP) sized from the target's config. Drafting runs it over its own small KV cache
 (`FeatureCache`), one slot per pair: the committed sequence's pairs with the target's true
 features, then the draft tree's with predicted ones.
+
+- draft vocabulary: the drafter may guess among the training text's most frequent tokens only
+  (`draft_vocab`, token ids): its logits are then the LM head's rows of those tokens, a product
+  a fraction of the full head's size (EAGLE-3 and FR-Spec do the same). The target still
+  verifies over its whole vocabulary; a token outside the draft vocabulary is never drafted.
 """
 
 from __future__ import annotations
@@ -85,8 +90,10 @@ class FeatureCache:
 
 
 class EagleDrafterNet(nn.Module):
-    def __init__(self, shape: EagleShape, inv_freq: torch.Tensor, rope_scale: float = 1.0):
-        """`inv_freq` [head_dim // 2], `rope_scale`: the target's rotary frequencies."""
+    def __init__(self, shape: EagleShape, inv_freq: torch.Tensor, rope_scale: float = 1.0,
+                 draft_vocab: int = 0):
+        """`inv_freq` [head_dim // 2], `rope_scale`: the target's rotary frequencies;
+        `draft_vocab`: the size of the draft vocabulary (0: the target's whole vocabulary)."""
         super().__init__()
         h, s = shape.hidden_size, shape
         self.shape = shape
@@ -99,6 +106,9 @@ class EagleDrafterNet(nn.Module):
         self.w_down = nn.Linear(s.intermediate_size, h, bias=False)
         self.inv_freq = inv_freq.float()    # kept in float32, not a buffer: .to(dtype) skips it
         self.rope_scale = rope_scale
+        # token ids [draft_vocab] the drafter guesses among (an integer buffer: saved with the
+        # weights, never cast to the float dtype)
+        self.register_buffer("vocab", torch.arange(draft_vocab) if draft_vocab else None)
         for lin in (self.fc, self.wqkv, self.wo, self.w_gate_up, self.w_down):
             nn.init.normal_(lin.weight, std=INIT_STD)
         with torch.no_grad():       # start by passing the feature through: fc = [small | I]
@@ -106,10 +116,19 @@ class EagleDrafterNet(nn.Module):
             self.fc.bias.zero_()
 
     @classmethod
-    def for_model(cls, model) -> EagleDrafterNet:
+    def for_model(cls, model, draft_vocab: int = 0) -> EagleDrafterNet:
         c = model.config
         inv_freq, scale = rope_frequencies(c.rope, c.head_dim, c.max_positions, c.max_positions)
-        return cls(EagleShape.of(c), inv_freq, scale)
+        return cls(EagleShape.of(c), inv_freq, scale, draft_vocab)
+
+    def set_vocab(self, token_ids: torch.Tensor) -> None:
+        """Guess among these token ids [draft_vocab] only."""
+        self.vocab = token_ids.to(device=self.fc.weight.device, dtype=torch.long)
+
+    def head(self, net) -> torch.Tensor:
+        """The LM head's rows the drafter's logits use [draft vocabulary, hidden] (dense)."""
+        head = net.dense_head()
+        return head if self.vocab is None else head[self.vocab]
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 cache: FeatureCache | None = None, start: int = 0,
@@ -154,7 +173,12 @@ def load_eagle(path: str | Path, model) -> EagleDrafterNet:
                               asdict(EagleShape.of(model.config)).items()})
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path}/eagle.json is not a valid eagle config: {e}") from None
-    net = EagleDrafterNet.for_model(model)
+    vocab = state.get("vocab")
+    if vocab is not None and (vocab.dim() != 1 or vocab.is_floating_point()
+                              or not ((vocab >= 0) & (vocab < model.config.vocab_size)).all()):
+        raise ValueError(f"{path}: the draft vocabulary is not token ids of this model")
+    size = 0 if vocab is None else len(vocab)
+    net = EagleDrafterNet.for_model(model, size)
     if shape != net.shape:
-        net = EagleDrafterNet(shape, net.inv_freq, net.rope_scale)
+        net = EagleDrafterNet(shape, net.inv_freq, net.rope_scale, size)
     return store.load_into(net, state, path, "eagle", model)

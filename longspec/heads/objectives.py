@@ -5,10 +5,13 @@
 - eagle: the pair (f_t, x_{t+1}) at position t + 1 learns the feature f_{t+1} (smooth L1,
   as EAGLE, in units of the batch's feature RMS) and, through the target's final norm and LM
   head, the token at t + 2: the target's distribution at t + 1 (`distill`) or the text's
-  token (`text`). Loss: feature_weight * smooth L1 + token_weight * cross-entropy.
+  token (`text`). Loss: feature_weight * smooth L1 + token_weight * cross-entropy. With a draft
+  vocabulary both distributions are over its tokens (the target's restricted to them, as
+  EAGLE-3 trains), so the head's product stays small in training too.
 
-Both report agreement: the share of positions where the drafter's top guess is the target's
-own greedy choice there, per depth (heads: one per head; eagle: depth 1, from true features).
+Both report agreement, when the batch carries the target's full logits: the share of
+positions where the drafter's top guess is the target's own greedy choice there, per depth
+(heads: one per head; eagle: depth 1, from true features).
 """
 
 from __future__ import annotations
@@ -21,22 +24,33 @@ from .eagle import EagleDrafterNet
 from .module import MultiTokenHeads
 
 
-def build(kind: str, model, cfg) -> torch.nn.Module:
-    """A fresh drafter of `kind` for `model` (float32, on its device)."""
+def build(kind: str, model, cfg, stream: torch.Tensor) -> torch.nn.Module:
+    """A fresh drafter of `kind` for `model` (float32, on its device); an EAGLE drafter's
+    draft vocabulary is the cfg.draft_vocab most frequent tokens of the training `stream`."""
     c = model.config
     if kind == "heads":
         module = MultiTokenHeads(c.hidden_size, cfg.gamma, c.rms_norm_eps,
                                  final_norm=model.net.norm)
     else:
-        module = EagleDrafterNet.for_model(model)
+        size = cfg.draft_vocab if 0 < cfg.draft_vocab < c.vocab_size else 0
+        module = EagleDrafterNet.for_model(model, size)
+        if size:
+            module.set_vocab(frequent_tokens(stream, size, c.vocab_size))
     return module.to(model.device)
 
 
-def _lm_head(model, h: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
-    """Logits [..., vocab] of hidden states through an RMSNorm weight and the dense LM head
+def frequent_tokens(stream: torch.Tensor, n: int, vocab_size: int) -> torch.Tensor:
+    """The n most frequent token ids of `stream` (ties to the lower id), in increasing order."""
+    counts = torch.bincount(stream, minlength=vocab_size).double()
+    order = torch.argsort(-counts + torch.arange(vocab_size) / (2.0 * vocab_size))
+    return order[:n].sort().values
+
+
+def _lm_head(model, h: torch.Tensor, norm: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """Logits [..., rows] of hidden states through an RMSNorm weight and LM head rows
     (float32, so that gradients reach the drafter through the frozen head)."""
     h = F.rms_norm(h, (h.shape[-1],), norm.float(), model.config.rms_norm_eps)
-    return F.linear(h, model.net.dense_head().float())
+    return F.linear(h, head)
 
 
 def _soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
@@ -85,15 +99,26 @@ def eagle_loss(eagle: EagleDrafterNet, model, batch: TargetBatch, cfg
     # features of small models run to hundreds)
     scale = batch.hidden.pow(2).mean().sqrt().clamp_min(1e-6)
     feature_loss = F.smooth_l1_loss(predicted / scale, batch.hidden[:, 1:] / scale)
-    logits = _lm_head(model, predicted, net.norm)                       # guesses x_2 .. x_T
-    wanted = None if batch.logits is None else batch.logits[:, 1:]
+    head = eagle.head(net).float()                                      # [draft vocab, hidden]
+    logits = _lm_head(model, predicted, net.norm, head)                 # guesses x_2 .. x_T
     if cfg.target == "distill":
+        with torch.no_grad():
+            wanted = _lm_head(model, batch.hidden[:, 1:], net.norm, head)
         token_loss = _soft_cross_entropy(logits, wanted)
     else:
+        labels = batch.tokens[:, 2:]
+        if eagle.vocab is not None:     # text tokens outside the draft vocabulary count not
+            index = torch.full((model.config.vocab_size,), -100, device=labels.device)
+            index[eagle.vocab] = torch.arange(len(eagle.vocab), device=labels.device)
+            labels = index[labels]
         token_loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                     batch.tokens[:, 2:].reshape(-1))
+                                     labels.reshape(-1), ignore_index=-100)
     loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss
-    return loss, [_agreement(logits, wanted)]
+    agreement = None
+    if batch.logits is not None:
+        guess = logits.argmax(-1) if eagle.vocab is None else eagle.vocab[logits.argmax(-1)]
+        agreement = (guess == batch.logits[:, 1:].argmax(-1)).float().mean().item()
+    return loss, [agreement]
 
 
 LOSSES = {"heads": heads_loss, "eagle": eagle_loss}

@@ -40,13 +40,15 @@ def train_hint(kind: str) -> str:
 
 
 def save(out_dir: str | Path, kind: str, module: torch.nn.Module, model, meta: dict) -> None:
-    """Write the module's weights (float32) and `meta` with the base model's fingerprint."""
+    """Write the module's weights (bfloat16: drafts need no more, and bundled drafters stay
+    small; integer buffers as they are) and `meta` with the base model's fingerprint."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path, weights = files(out_dir, kind)
-    state = {k: v.detach().float().contiguous().cpu() for k, v in module.state_dict().items()}
+    state = {k: (v.detach().bfloat16() if v.is_floating_point() else v).contiguous().cpu()
+             for k, v in module.state_dict().items()}
     save_file(state, str(weights))
     meta = {**meta, "base_fingerprint": fingerprint(model), "base_model": model.name}
     cfg_path.write_text(json.dumps(meta, indent=1) + "\n")

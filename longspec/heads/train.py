@@ -1,9 +1,10 @@
 """Train a drafter (EAGLE feature drafter or multi-token heads) on a frozen target.
 
-Each step samples `batch_size` windows of `seq_len` tokens from the training text, runs the
-target over them (features and next-token logits) and takes one AdamW step on the drafter's
-loss (objectives.py); linear warmup, then cosine decay. Every `checkpoint_every` steps, and on
-Ctrl-C, the drafter, the optimizer and the data sampler's state go to
+The training text is cut into windows of `seq_len` tokens and the frozen target runs over
+each once (its features, `TargetFeatures`); each step draws `batch_size` of those windows and
+takes one AdamW step on the drafter's loss (objectives.py); linear warmup, then cosine
+decay. Every `checkpoint_every` steps, and on Ctrl-C, the drafter, the optimizer and the data
+sampler's state go to
 `<out>/<kind>.checkpoint.pt`: running the same training again continues from there and ends
 with the weights an uninterrupted run gives; a checkpoint of other settings, data or model is
 refused. At the end the drafter is saved with a record of the run (held-out loss and
@@ -24,7 +25,7 @@ from tqdm import tqdm
 
 from ..training import warmup_cosine
 from . import objectives, store
-from .data import data_files, read_token_stream, sample_windows, stream_digest, target_batch
+from .data import TargetFeatures, data_files, read_token_stream, sample_windows, stream_digest
 from .module import GAMMA
 
 TARGETS = ("text", "distill")
@@ -47,6 +48,7 @@ class DrafterTraining:
     gamma: int = GAMMA            # heads
     feature_weight: float = 1.0   # eagle: smooth L1 of the predicted features
     token_weight: float = 0.1     # eagle: cross-entropy of their logits
+    draft_vocab: int = 0          # eagle: guess among this many most frequent tokens (0: all)
     seed: int = 0
     held_out: float = 0.05        # share of the token stream kept for evaluation
     checkpoint_every: int = 50    # steps
@@ -60,6 +62,9 @@ class DrafterTraining:
         for name in ("steps", "batch_size", "gamma", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.draft_vocab < 0:
+            raise ValueError(f"draft_vocab must be 0 (the whole vocabulary) or more, got "
+                             f"{self.draft_vocab}")
         if self.seq_len < self.gamma + 2:
             raise ValueError(f"seq_len must be at least {self.gamma + 2}")
         lr = LR[self.kind] if self.lr is None else self.lr
@@ -74,15 +79,15 @@ class DrafterTraining:
         return {k: v for k, v in asdict(self).items() if k != "checkpoint_every"}
 
 
-def evaluate(module, model, stream: torch.Tensor, cfg: DrafterTraining) -> tuple[float, list]:
+def evaluate(module, model, held: TargetFeatures, cfg: DrafterTraining) -> tuple[float, list]:
     """Mean held-out loss and agreement per depth on fixed batches."""
     gen = torch.Generator().manual_seed(EVAL_SEED)
     loss_fn = objectives.LOSSES[cfg.kind]
     losses, agreements = [], []
     with torch.no_grad():
         for _ in range(EVAL_BATCHES):
-            windows = sample_windows(stream, cfg.batch_size, cfg.seq_len, gen)
-            loss, agreement = loss_fn(module, model, target_batch(model, windows, True), cfg)
+            index = sample_windows(len(held), cfg.batch_size, gen)
+            loss, agreement = loss_fn(module, model, held.batch(index, True), cfg)
             losses.append(loss.item())
             agreements.append(agreement)
     per_depth = [round(sum(a) / len(a), 4) for a in zip(*agreements)]
@@ -128,17 +133,19 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
     stream = read_token_stream(model, files)
     split = int(len(stream) * (1 - cfg.held_out))
     train, held = stream[:split], stream[split:]
-    if len(train) <= cfg.seq_len or len(held) <= cfg.seq_len:
-        raise ValueError(f"the data has {len(stream)} tokens; need more than "
-                         f"{int(cfg.seq_len / cfg.held_out)} for seq_len {cfg.seq_len}")
+    if len(train) < cfg.seq_len or len(held) < cfg.seq_len:
+        raise ValueError(f"the data has {len(stream)} tokens; need at least "
+                         f"{math.ceil(cfg.seq_len / cfg.held_out)} for seq_len {cfg.seq_len}")
     torch.manual_seed(cfg.seed)
-    module = objectives.build(cfg.kind, model, cfg)
+    module = objectives.build(cfg.kind, model, cfg, train)
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     identity = {"settings": cfg.settings(), "model": store.fingerprint(model),
                 "data": {"tokens": len(stream), "digest": stream_digest(stream)}}
     checkpoint = Path(out) / CHECKPOINT.format(kind=cfg.kind) if out is not None else None
     state = _resume(checkpoint, identity) if checkpoint is not None else None
+    train_set = TargetFeatures(model, train, cfg.seq_len, progress, "target features (train)")
+    held_set = TargetFeatures(model, held, cfg.seq_len, progress, "target features (held out)")
     if state is not None:
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["optimizer"])
@@ -147,7 +154,7 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
         seconds = state["seconds"]
     else:
         step, curve, seconds = 0, [], 0.0
-        before = evaluate(module, model, held, cfg)
+        before = evaluate(module, model, held_set, cfg)
 
     def save_state() -> None:
         if checkpoint is not None:
@@ -161,15 +168,16 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
     if checkpoint is not None:
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
     loss_fn = objectives.LOSSES[cfg.kind]
-    want_logits = cfg.target == "distill"
+    # an EAGLE drafter's targets come from the features; heads distill the full logits
+    want_logits = cfg.kind == "heads" and cfg.target == "distill"
     bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.kind}", disable=not progress,
                dynamic_ncols=True)
     try:
         while step < last:
             for group in opt.param_groups:
                 group["lr"] = warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.lr)
-            windows = sample_windows(train, cfg.batch_size, cfg.seq_len, gen)
-            loss, _ = loss_fn(module, model, target_batch(model, windows, want_logits), cfg)
+            index = sample_windows(len(train_set), cfg.batch_size, gen)
+            loss, _ = loss_fn(module, model, train_set.batch(index, want_logits), cfg)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
@@ -188,7 +196,7 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
     if step < cfg.steps:
         save_state()
         return {"kind": cfg.kind, "finished": False, "steps_done": step, "loss_curve": curve}
-    after = evaluate(module, model, held, cfg)
+    after = evaluate(module, model, held_set, cfg)
     record = {"kind": cfg.kind, "finished": True, "training": asdict(cfg),
               "held_out_loss_before": before[0], "held_out_loss_after": after[0],
               "agreement_before": before[1], "agreement_after": after[1],
