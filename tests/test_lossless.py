@@ -30,9 +30,10 @@ FIXED = {"sizing": "fixed"}
 OPTIONS = {"selfspec": {"retrieval_budget": 128, "rebuild_every": 64},
            "triforce": {"retrieval_budget": 128, "rebuild_every": 64, "streaming_window": 64},
            "tokenswift": {"partial_budget": 96, **FIXED}, "suffix": FIXED, "ngram": FIXED,
-           "recycling": FIXED, "heads": FIXED, "eagle": FIXED, "auto[fixed]": FIXED}
-METHODS = ["auto", "auto[fixed]", "suffix", "pld", "ngram", "recycling", "heads", "tokenswift",
-           "eagle", "draft", "selfspec", "triforce"]
+           "recycling": FIXED, "heads": FIXED, "eagle": FIXED, "auto[fixed]": FIXED,
+           "auto[eagle]": FIXED}
+METHODS = ["auto", "auto[fixed]", "auto[eagle]", "suffix", "pld", "ngram", "recycling", "heads",
+           "tokenswift", "eagle", "draft", "selfspec", "triforce"]
 
 
 def prompts():
@@ -57,8 +58,9 @@ def reference(prompt: str, setting: str, new_tokens: int = NEW_TOKENS,
 
 @pytest.fixture
 def drafter(request, method):
-    """The trained drafter a method needs that is not bundled with the demo model."""
-    return request.getfixturevalue("demo_eagle") if method == "eagle" else None
+    """The trained drafter a method needs that is not bundled with the demo model (and the
+    EAGLE drafter `auto` takes in its `auto[eagle]` entry)."""
+    return request.getfixturevalue("demo_eagle") if method in ("eagle", "auto[eagle]") else None
 
 
 def check_matches_ar(entry: str, setting: str, prompt: str, new_tokens: int,

@@ -113,9 +113,17 @@ class EagleDrafter(Drafter):
         return [[int(t) for t in row] for row in tokens], chances
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
+        self.add_drafts(trie, committed, budget)
+        return trie.build(self.device)
+
+    def add_drafts(self, trie: TrieBuilder, committed: list[int], budget: Budget,
+                   source: int = 0) -> None:
+        """Add this drafter's best CANDIDATES * max_nodes nodes for the text `committed` to
+        `trie` (used by `auto` too)."""
         root_feature = self.catch_up(committed)
         if root_feature is None:
-            return DraftTree.chain(committed[-1:], self.device)
+            return
         tokens: list[int] = []
         parents: list[int] = []     # -1: the root
         probs: list[float] = []
@@ -162,12 +170,10 @@ class EagleDrafter(Drafter):
         # parent first), parents before children
         best = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
         keep = sorted(best[:CANDIDATES * budget.max_nodes - 1])
-        trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
         placed = {-1: 0}
         for i in keep:
             if placed.get(parents[i]) is not None:
-                placed[i] = trie.child(placed[parents[i]], tokens[i], probs[i])
-        return trie.build(self.device)
+                placed[i] = trie.child(placed[parents[i]], tokens[i], probs[i], source)
 
 
 SPEC = MethodSpec(

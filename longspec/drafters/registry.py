@@ -52,8 +52,8 @@ class MethodSpec:
     build: Callable[[DraftSetup], Drafter]
     options: Mapping[str, Option] = field(default_factory=dict)
     needs_draft_model: bool = False
-    # a trained drafter (heads=: multi-token heads or an EAGLE drafter); heads=None takes the
-    # one bundled for the model, when there is
+    # takes a trained drafter (heads=: multi-token heads or an EAGLE drafter); heads=None
+    # takes the one bundled for the model, when there is (`auto` drafts without one if not)
     needs_heads: bool = False
     samples_drafts: bool = False          # drafts carry their distribution: verify="rejection"
     stats: tuple[str, ...] = ()           # method-specific keys of the result's stats

@@ -130,7 +130,7 @@ SPEC = MethodSpec(
     options={"draft_pass": Option(DRAFT_PASSES[0], choices=DRAFT_PASSES),
              "partial_mode": Option(PARTIAL_MODES[0], choices=PARTIAL_MODES),
              "partial_budget": Option(PARTIAL_BUDGET), "ngram_top_k": Option(TOP_K, minimum=0),
-             "heads_nodes": Option(39)},
+             "heads_nodes": Option(39, minimum=0)},
     build=lambda s: TokenSwiftDrafter(s.model, s.heads, s.sampler, s.options["draft_pass"],
                                       s.options["partial_budget"], s.options["ngram_top_k"],
                                       s.options["heads_nodes"], s.options["partial_mode"]))
