@@ -86,8 +86,9 @@ def run(models, method, n, options=None):
 def test_exact_distribution_is_far_from_the_draft_models(models):
     target, draft = models
     p, q = exact_joint(target), exact_joint(draft)
-    # the test could tell a sampler that returned the draft's distribution
-    assert 0.5 * sum(abs(p[k] - q[k]) for k in p) > 4 * noise_bound(p, SAMPLES)
+    # the test could tell a sampler that returned the draft's distribution: its samples would lie
+    # at least TV(p, q) - noise_bound from p, beyond the noise bound the convergence check allows
+    assert 0.5 * sum(abs(p[k] - q[k]) for k in p) > 2 * noise_bound(p, SAMPLES)
 
 
 @pytest.mark.slow
