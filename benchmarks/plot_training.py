@@ -1,6 +1,9 @@
-"""Plot the demo models' and the bundled heads' loss curves from their training records.
+"""Plot the loss curves of the demo models and of the bundled drafters from their records.
 
-    python benchmarks/plot_training.py docs/training_loss.png
+    python benchmarks/plot_training.py docs/training_loss.png docs/drafters_loss.png
+
+The first figure: the demo models and the demo heads; the second: every drafter bundled under
+`longspec/zoo/drafters/` (SmolLM2's EAGLE drafter and heads), train loss per step.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from pathlib import Path
 import matplotlib
 
 import longspec
+from longspec.heads.store import ZOO_DRAFTERS
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -41,5 +45,24 @@ def main(out: str) -> None:
     fig.savefig(out)
 
 
+def plot_drafters(out: str) -> None:
+    records = sorted(ZOO_DRAFTERS.glob("*/*/*.json"))
+    fig, axes = plt.subplots(1, len(records), figsize=(5 * len(records), 3.5), dpi=80,
+                             squeeze=False)
+    for ax, path in zip(axes[0], records):
+        record = json.loads(path.read_text())
+        ax.plot(record["loss_curve"], label="train")
+        ax.axhline(record["held_out_loss_after"], color="C1", ls="--", label="held out, after")
+        ax.set_title(f"{record['kind']} ({path.parent.parent.name})", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+
+
 if __name__ == "__main__":
     main(sys.argv[1])
+    plot_drafters(sys.argv[2])

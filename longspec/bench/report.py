@@ -67,7 +67,8 @@ def plot(report: dict, out: Path) -> list[Path]:
         ax.set_xlabel("new tokens")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+        if ax.get_lines():       # a panel of peers only (no acceptance) has no line
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.set_title(f"{report['model']} ({report['device']}, {report['dtype']})", fontsize=9)
         fig.tight_layout()
         path = out / name
