@@ -9,6 +9,8 @@ model continues with whatever it writes past the end of an answer.
 
     python benchmarks/chat_bench.py --model smollm2 --dtype bfloat16 --new-tokens 1024 \\
         --methods ar,auto,suffix,recycling,pld,hf,hf-pld --settings greedy,t07 --out chat.json
+
+A method may carry options, as in `longspec bench`: `tokenswift[ngram_top_k=0]`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 import longspec
 from longspec.bench.peers import PEERS, Peers, peer_status
+from longspec.bench.runner import parse_entry
 from longspec.request import encode_prompt
 
 PROMPTS = [
@@ -52,8 +55,9 @@ def run_one(model, peers, method: str, prompt_ids: list[int], n: int, sampling) 
         tokens = peers.generate(method, prompt_ids, n, sampling, seed=0)
         seconds = time.perf_counter() - start
         return {"tokens": tokens, "seconds": seconds, "tok_s": len(tokens) / seconds}
-    res = longspec.generate(model, prompt_ids, max_new_tokens=n, method=method,
-                            sampling=sampling, seed=0, ignore_eos=True)
+    entry = parse_entry(method, {})
+    res = longspec.generate(model, prompt_ids, max_new_tokens=n, method=entry.method,
+                            options=entry.options, sampling=sampling, seed=0, ignore_eos=True)
     s = res.stats
     return {"tokens": res.token_ids, "seconds": s["decode_s"], "tok_s": s["tokens_per_s"],
             "len": s["mean_accepted_length"], "nodes": s["mean_tree_nodes"],
