@@ -30,19 +30,11 @@ def main(out: str) -> None:
         val = [e for e in log if "val_loss" in e]
         ax.plot([e["step"] for e in val], [e["val_loss"] for e in val], "o--",
                 label=f"{name} held out")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    label(ax, "cross-entropy (nats)")
     heads = json.loads((longspec.demo_path("demo").parent / "heads" / "heads.json").read_text())
     heads_ax.plot(heads["loss_curve"], label=f"demo heads ({heads['training']['target']})")
-    heads_ax.set_xlabel("step")
-    heads_ax.set_ylabel("sum of 3 heads' losses (nats)")
-    heads_ax.grid(alpha=0.3)
-    heads_ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    label(heads_ax, "sum of 3 heads' losses (nats)")
+    save(fig, out)
 
 
 def plot_drafters(out: str) -> None:
@@ -54,10 +46,18 @@ def plot_drafters(out: str) -> None:
         ax.plot(record["loss_curve"], label="train")
         ax.axhline(record["held_out_loss_after"], color="C1", ls="--", label="held out, after")
         ax.set_title(f"{record['kind']} ({path.parent.parent.name})", fontsize=9)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (nats)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        label(ax, "loss (nats)")
+    save(fig, out)
+
+
+def label(ax, ylabel: str) -> None:
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def save(fig, out: str) -> None:
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)

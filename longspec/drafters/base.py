@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.transformer import ForwardOutput
-from ..tree import DraftTree
+from ..tree import CANDIDATES, DraftTree, TrieBuilder
 from ..verify import TargetOutput, Verdict
 
 SIZINGS = ("adaptive", "fixed")
@@ -56,3 +56,19 @@ class Drafter(ABC):
     def stats(self) -> dict:
         """Method-specific statistics for the result's stats."""
         return {}
+
+
+class TrieDrafter(Drafter):
+    """A drafter that adds its drafts to a trie, its own or one shared with other sources
+    (`auto` merges several); subclasses set `self.device`."""
+
+    device: torch.device
+
+    @abstractmethod
+    def add_drafts(self, trie: TrieBuilder, committed: list[int], budget: Budget) -> None:
+        """Add drafts for the text `committed` to `trie`."""
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
+        self.add_drafts(trie, committed, budget)
+        return trie.build(self.device)

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from ..heads import store
 from ..heads.eagle import EagleDrafterNet, FeatureCache, load_eagle
-from ..tree import CANDIDATES, DraftTree, TrieBuilder
-from .base import Budget, Drafter
+from ..tree import CANDIDATES, TrieBuilder
+from .base import Budget, TrieDrafter
 from .registry import MethodSpec, Option
 
 TOP_K = 8                        # children of each expanded node
@@ -32,7 +32,7 @@ BEAM = 4                         # nodes expanded per depth
 CATCH_UP_SCORE_BYTES = 64 * 2**20   # largest attention score buffer of a catch-up chunk
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(TrieDrafter):
     needs_hidden = True
 
     def __init__(self, model, drafter, sampler, context: int, budget: Budget,
@@ -111,11 +111,6 @@ class EagleDrafter(Drafter):
                               .float(), -1).gather(-1, top)
         tokens, chances = torch.stack([top.double(), probs.double()]).tolist()  # one host sync
         return [[int(t) for t in row] for row in tokens], chances
-
-    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
-        self.add_drafts(trie, committed, budget)
-        return trie.build(self.device)
 
     def add_drafts(self, trie: TrieBuilder, committed: list[int], budget: Budget,
                    source: int = 0) -> None:

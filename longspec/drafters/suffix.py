@@ -15,8 +15,8 @@ import heapq
 import math
 from array import array
 
-from ..tree import CANDIDATES, DraftTree, TrieBuilder
-from .base import Budget, Drafter
+from ..tree import TrieBuilder
+from .base import Budget, TrieDrafter
 from .registry import MethodSpec
 
 MAX_N = 4                 # n-grams indexed; longer matches are found by extending backwards
@@ -120,7 +120,7 @@ def add_counted_tree(trie: TrieBuilder, continuations: list[list[int]], max_node
                 heapq.heappush(heap, (neg * prob, child, placed))
 
 
-class SuffixDrafter(Drafter):
+class SuffixDrafter(TrieDrafter):
     def __init__(self, model, device):
         self.device = device
         self.local = SuffixIndex()
@@ -140,11 +140,6 @@ class SuffixDrafter(Drafter):
             if length:
                 cap = min(budget.max_nodes - 1, math.ceil(ALPHA * length))
                 add_counted_tree(trie, index.continuations(starts, depth), cap, source)
-
-    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
-        self.add_drafts(trie, committed, budget)
-        return trie.build(self.device)
 
     def finish(self, tokens: list[int]) -> None:
         remember_output(self.earlier, tokens[self.prompt_len:])
