@@ -3,7 +3,8 @@
     python benchmarks/plot_training.py docs/training_loss.png docs/drafters_loss.png
 
 The first figure: the demo models and the demo heads; the second: every drafter bundled under
-`longspec/zoo/drafters/` (SmolLM2's EAGLE drafter and heads), train loss per step.
+`longspec/zoo/drafters/` (SmolLM2's heads) and kept under `training/drafters/` (SmolLM2's
+EAGLE drafter), train loss per step.
 """
 
 from __future__ import annotations
@@ -38,14 +39,15 @@ def main(out: str) -> None:
 
 
 def plot_drafters(out: str) -> None:
-    records = sorted(ZOO_DRAFTERS.glob("*/*/*.json"))
+    kept = Path(__file__).resolve().parent.parent / "training" / "drafters"
+    records = sorted(ZOO_DRAFTERS.glob("*/*/*.json")) + sorted(kept.glob("*/*.json"))
     fig, axes = plt.subplots(1, len(records), figsize=(5 * len(records), 3.5), dpi=80,
                              squeeze=False)
     for ax, path in zip(axes[0], records):
         record = json.loads(path.read_text())
         ax.plot(record["loss_curve"], label="train")
         ax.axhline(record["held_out_loss_after"], color="C1", ls="--", label="held out, after")
-        ax.set_title(f"{record['kind']} ({path.parent.parent.name})", fontsize=9)
+        ax.set_title(f"{record['kind']} ({path.parent.relative_to(path.parents[2])})", fontsize=9)
         label(ax, "loss (nats)")
     save(fig, out)
 

@@ -3,12 +3,12 @@
 The training text is cut into windows of `seq_len` tokens and the frozen target runs over
 each once (its features, `TargetFeatures`); each step draws `batch_size` of those windows and
 takes one AdamW step on the drafter's loss (objectives.py); linear warmup, then cosine
-decay. Every `checkpoint_every` steps, and on Ctrl-C, the drafter, the optimizer and the data
-sampler's state go to `<out>/<kind>.checkpoint.pt`: running the same training again continues from there and ends
-with the weights an uninterrupted run gives; a checkpoint of other settings, data or model is
-refused. At the end the drafter is saved with a record of the run (held-out loss and
-agreement with the target before and after, loss curve, seconds, data) and the checkpoint
-removed.
+decay. Every `checkpoint_every` steps, and on Ctrl-C, the drafter, the optimizer and the
+data sampler's state go to `<out>/<kind>.checkpoint.pt`: running the same training again
+continues from there and ends with the weights an uninterrupted run gives; a checkpoint of
+other settings, data or model is refused. At the end the drafter is saved with a record of
+the run (held-out loss and agreement with the target before and after, loss curve, seconds,
+data) and the checkpoint removed.
 """
 
 from __future__ import annotations
