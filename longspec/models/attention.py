@@ -7,9 +7,12 @@ tokens in the forward or with where the block sits:
 
 - rows: the group x q query rows of a key/value head go through one product. float32 products
   (MKL) give rows of 1-3, 5-7 and 9-11 their own kernels, so there the row count is rounded up
-  (4, 8, 12, then exact); bfloat16 products (oneDNN) need no rounding.
-- scores q.k: float32 products read the keys padded to a multiple of CHUNK slots (MKL computes
-  the last n mod 8 columns its own way).
+  (4, 8, 12, then exact). bfloat16 products run in oneDNN only when rows x K x columns exceeds
+  16^3 (PyTorch's threshold), below it in a plain loop that rounds otherwise: a 1-token forward
+  at a short context (3 rows x 64 x 14 keys) and a 2-token one (6 rows) took different paths
+  and gave different scores. So products are kept above it: at least `min_rows` rows.
+- scores q.k: the keys are read padded to a multiple of CHUNK slots (MKL computes the last
+  n mod 8 float32 columns its own way; for bfloat16 it keeps the product above the threshold).
 - softmax: every row is padded with -inf to the chunked length (softmax reduces lane-wise, so
   trailing -inf change nothing, but rows shorter than a vector take another path).
 - tree rows: each row's block columns are reordered so its ancestors come first, in depth
@@ -26,9 +29,9 @@ hold finite values that get probability 0.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..cache.base import CHUNK
+from .linear import min_rows
 
 
 def block_order(mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -78,10 +81,10 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     fp32 = keys.dtype == torch.float32
     padded = -(-n // CHUNK) * CHUNK
     qg = q.view(q_len, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, rows, d)
-    bucket = _row_bucket(rows) if fp32 else rows
+    bucket = _row_bucket(rows) if fp32 else max(rows, min_rows(d, CHUNK))
     if bucket > rows:
         qg = torch.cat([qg, qg.new_zeros(kv_heads, bucket - rows, d)], 1)
-    keys = _slots(keys, padded) if fp32 else keys
+    keys = _slots(keys, padded)
     values = _slots(values, padded)
     shared = padded // CHUNK if order is None else start // CHUNK   # chunks every row reads
     prob_dtype = torch.float32 if fp32 else values.dtype
@@ -93,8 +96,8 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         group_rows = _row_bucket(group) if fp32 else group
     outs = []
     for h in range(kv_heads):          # one key/value head at a time keeps the scores in cache
-        s = torch.mm(qg[h], keys[h].t())                         # [bucket, n or padded]
-        s = s.mul_(scale) if fp32 else F.pad(s.float().mul_(scale), (0, padded - n))
+        s = torch.mm(qg[h], keys[h].t())                                 # [bucket, padded]
+        s = s.mul_(scale) if fp32 else s.float().mul_(scale)
         s[:, n:] = float("-inf")
         if mask is not None:
             block = s[:rows].view(group, q_len, padded)[..., start:start + q_len]  # [g, q, q]

@@ -4,7 +4,9 @@ the same token run alone, and speculation writes exactly what plain decoding wri
 
 Measured on this project's CPU (torch 2.13, oneDNN; BENCHMARKS.md):
 - bfloat16 `F.linear` (oneDNN brgemm) is row-invariant, except that a 1-row product with a
-  reduction dim K above 1024 takes another path than 2 or more rows: such a row runs as two.
+  reduction dim K above 1024 takes another path than 2 or more rows: such a row runs as two;
+  and that PyTorch runs products of at most 16^3 multiply-adds (rows x K x N) in a plain loop
+  that sums in another order (tiny layers): rows are added until a product passes that.
 - float32 `x @ W` and `F.linear` are not (MKL picks kernels by row count: 1-3, 4, 8, >= 12);
   oneDNN's inner product (`mkldnn._linear_pointwise`) on weights kept as [in, out] is, with the
   same K > 1024 exception. It is also 2-2.5x faster than MKL for 8-16 rows.
@@ -20,6 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 TWO_ROW_K = 1024     # oneDNN's 1-row path differs from its multi-row one above this K
+ONEDNN_MIN_WORK = 16 ** 3   # bfloat16 products with rows * K * N at most this skip oneDNN
+
+
+def min_rows(k: int, n: int) -> int:
+    """The fewest rows for which a [rows, k] x [k, n] bfloat16 product runs in oneDNN."""
+    return ONEDNN_MIN_WORK // (k * n) + 1
 
 
 class DenseLinear(nn.Module):
@@ -30,6 +38,9 @@ class DenseLinear(nn.Module):
         super().__init__()
         self.in_features = weight.shape[1]
         self.onednn_fp32 = weight.dtype == torch.float32 and weight.device.type == "cpu"
+        # on a CPU, fewer rows run padded with zero rows to this many
+        self.min_rows = max(2 if self.in_features > TWO_ROW_K else 1,
+                            1 if self.onednn_fp32 else min_rows(*weight.shape))
         stored = weight.t().contiguous() if self.onednn_fp32 else weight
         self.weight = nn.Parameter(stored, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
@@ -40,15 +51,15 @@ class DenseLinear(nn.Module):
         return self.weight.t() if self.onednn_fp32 else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cpu = x.device.type == "cpu"
-        one = cpu and x.shape[0] == 1 and self.in_features > TWO_ROW_K
-        if one:
-            x = x.expand(2, -1)
+        rows = x.shape[0]
+        short = x.device.type == "cpu" and rows < self.min_rows
+        if short:
+            x = torch.cat([x, x.new_zeros(self.min_rows - rows, x.shape[1])])
         if self.onednn_fp32:
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight.t(), self.bias, "none", [], "")
         else:
             y = F.linear(x, self.weight, self.bias)
-        return y[:1] if one else y
+        return y[:rows] if short else y
 
 
 class Int4Linear(nn.Module):
