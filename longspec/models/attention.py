@@ -73,7 +73,8 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """Attention of q [q_len, heads, d] over keys/values [kv_heads, n, d] (views of the cache,
     the block at slots start..start + q_len) -> [q_len, heads * d]. `mask` is the block's
-    additive [q, q] mask, `order` its `block_order`."""
+    additive [q, q] mask, `order` its `block_order`. Every key/value head goes through the same
+    batched products (a head's rows are what a product of that head alone gives)."""
     q_len, heads, d = q.shape
     kv_heads, n = keys.shape[0], keys.shape[1]
     group = heads // kv_heads
@@ -87,48 +88,46 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     keys = _slots(keys, padded)
     values = _slots(values, padded)
     shared = padded // CHUNK if order is None else start // CHUNK   # chunks every row reads
-    prob_dtype = torch.float32 if fp32 else values.dtype
+    s = torch.bmm(qg, keys.transpose(1, 2))                           # [kv, bucket, padded]
+    s = s.mul_(scale) if fp32 else s.float().mul_(scale)
+    s[..., n:] = float("-inf")
+    if mask is not None:
+        block = s[:, :rows].view(kv_heads, group, q_len, padded)[..., start:start + q_len]
+        if order is None:
+            block += mask
+        else:
+            block.copy_(block.gather(-1, order.expand(kv_heads, group, q_len, q_len))
+                        + mask.gather(-1, order))
+    p = torch.softmax(s, dim=-1).to(torch.float32 if fp32 else values.dtype)
+    parts = []
+    if shared:
+        chunks = p[..., :shared * CHUNK].view(kv_heads, bucket, shared, CHUNK).transpose(1, 2)
+        vals = values[:, :shared * CHUNK].reshape(kv_heads * shared, CHUNK, d)
+        out = torch.bmm(chunks.reshape(kv_heads * shared, bucket, CHUNK), vals)
+        parts.append(out.view(kv_heads, shared, bucket, d)[:, :, :rows].float())
     if order is not None:
-        tail_len = padded - shared * CHUNK
-        index = torch.arange(shared * CHUNK, padded, device=q.device).repeat(q_len, 1)
-        at = start - shared * CHUNK
-        index[:, at:at + q_len] = start + order                      # ancestors first
-        group_rows = _row_bucket(group) if fp32 else group
-    outs = []
-    for h in range(kv_heads):          # one key/value head at a time keeps the scores in cache
-        s = torch.mm(qg[h], keys[h].t())                                 # [bucket, padded]
-        s = s.mul_(scale) if fp32 else s.float().mul_(scale)
-        s[:, n:] = float("-inf")
-        if mask is not None:
-            block = s[:rows].view(group, q_len, padded)[..., start:start + q_len]  # [g, q, q]
-            if order is None:
-                block += mask
-            else:
-                block.copy_(block.gather(-1, order.expand(group, q_len, q_len))
-                            + mask.gather(-1, order))
-        p = torch.softmax(s, dim=-1).to(prob_dtype)                           # [bucket, padded]
-        parts = []
-        if shared:
-            chunks = p[:, :shared * CHUNK].view(bucket, shared, CHUNK).transpose(0, 1)
-            parts.append(torch.bmm(chunks, values[h, :shared * CHUNK].view(shared, CHUNK, d))
-                         [:, :rows].float())                                   # [shared, rows, d]
-        if order is not None:
-            parts.append(_tree_tail(p, values[h][index], rows, group, group_rows, q_len,
-                                    shared, tail_len, d))
-        outs.append(pairwise_sum(torch.cat(parts)))
-    out = torch.stack(outs).to(q.dtype)                                        # [kv, rows, d]
+        parts.append(_tree_tail(p, values, rows, group, q_len, shared, padded, start, order,
+                                fp32))
+    out = pairwise_sum(torch.cat(parts, 1).transpose(0, 1)).to(q.dtype)       # [kv, rows, d]
     return out.view(kv_heads, group, q_len, d).permute(2, 0, 1, 3).reshape(q_len, heads * d)
 
 
-def _tree_tail(p, tail_values, rows, group, group_rows, q_len, shared, tail_len, d):
-    """Partials [chunks, rows, d] of the chunks past the shared ones, each token's own: its
-    probabilities [group, tail] against the values of its logical layout [tail, d]."""
+def _tree_tail(p, values, rows, group, q_len, shared, padded, start, order, fp32):
+    """Partials [kv, chunks, rows, d] of the chunks past the shared ones, each token's own:
+    its probabilities [group, tail] against the values of its logical layout [tail, d], where
+    the block's slots hold its ancestors first (`order`)."""
+    kv_heads, d = values.shape[0], values.shape[2]
+    tail_len = padded - shared * CHUNK
     chunks = tail_len // CHUNK
-    pt = p[:rows, shared * CHUNK:].view(group, q_len, tail_len).transpose(0, 1)  # [q, g, tail]
+    index = torch.arange(shared * CHUNK, padded, device=p.device).repeat(q_len, 1)
+    at = start - shared * CHUNK
+    index[:, at:at + q_len] = start + order                              # ancestors first
+    group_rows = _row_bucket(group) if fp32 else group
+    pt = p[:, :rows, shared * CHUNK:].view(kv_heads, group, q_len, tail_len).transpose(1, 2)
     if group_rows > group:
-        pt = torch.cat([pt, pt.new_zeros(q_len, group_rows - group, tail_len)], 1)
-    pt = pt.reshape(q_len, group_rows, chunks, CHUNK).transpose(1, 2)
-    pt = pt.reshape(q_len * chunks, group_rows, CHUNK)
-    tail = torch.bmm(pt, tail_values.view(q_len * chunks, CHUNK, d))
-    tail = tail.view(q_len, chunks, group_rows, d)[:, :, :group]
-    return tail.permute(1, 2, 0, 3).reshape(chunks, rows, d).float()
+        pt = torch.cat([pt, pt.new_zeros(kv_heads, q_len, group_rows - group, tail_len)], 2)
+    pt = pt.reshape(kv_heads, q_len, group_rows, chunks, CHUNK).transpose(2, 3)
+    pt = pt.reshape(kv_heads * q_len * chunks, group_rows, CHUNK)
+    tail = torch.bmm(pt, values[:, index].view(kv_heads * q_len * chunks, CHUNK, d))
+    tail = tail.view(kv_heads, q_len, chunks, group_rows, d)[..., :group, :]
+    return tail.permute(0, 2, 3, 1, 4).reshape(kv_heads, chunks, rows, d).float()
