@@ -113,7 +113,9 @@ class Engine:
         out = self.net(tree.tokens, shape.depth + self.cache.length, self.cache,
                        shape.mask(self.model.dtype))
         self.sampler.tree_choices(tree, out.logits)[1].tolist()
-        return time.perf_counter() - begin
+        seconds = time.perf_counter() - begin
+        self.stats.sizing_s += seconds
+        return seconds
 
     def propose(self) -> DraftTree:
         """The drafter's tree, cut to the size that pays most when it is scored."""

@@ -20,6 +20,7 @@ class Stats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     verify_forward_s: float = 0.0    # time in the verify forwards (CPU only: CUDA is asynchronous)
+    sizing_s: float = 0.0            # time measuring step costs for adaptive sizing (in decode_s)
     peak_memory_bytes: int = 0       # see memory.PeakMemory
 
     @property
@@ -49,6 +50,7 @@ class Stats:
             "decode_s": self.decode_s,
             "tokens_per_s": self.tokens_per_s,
             "verify_forward_s": self.verify_forward_s if self.device == "cpu" else None,
+            "sizing_s": self.sizing_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "method": self.method,
             "device": self.device,

@@ -149,7 +149,8 @@ def _row(entry: Entry, gen_len: int, runs: list[dict], status: str) -> dict:
         **{f"distinct_{n}": round(distinct_n(last["tokens"], n), 4) for n in range(1, 5)},
     )
     method_stats = METHODS[entry.method].stats if entry.method in METHODS else ()
-    for key in (*method_stats, "verify_forward_s", "decode_s", "prefill_s", "mean_tree_nodes"):
+    for key in (*method_stats, "verify_forward_s", "sizing_s", "decode_s", "prefill_s",
+                "mean_tree_nodes"):
         value = stats.get(key)
         if value is not None:
             row[key] = round(value, 4) if isinstance(value, float) else value

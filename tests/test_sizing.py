@@ -1,0 +1,62 @@
+"""Adaptive sizing measures a step size only when a choice needs it, and chooses as if every
+size had been measured."""
+
+import pytest
+import torch
+
+from longspec.sizing import REPEATS, Calibration, Sizer, StepCost
+from longspec.tree import DraftTree
+
+CPU = torch.device("cpu")
+
+
+def chain(chance: float, n: int) -> DraftTree:
+    """A scored chain of n drafts, each following the one before with this chance."""
+    plain = DraftTree.chain(list(range(n + 1)), CPU)
+    return DraftTree(plain.shape, plain.tokens, scores=[chance ** i for i in range(n + 1)],
+                     sources=[0] * (n + 1))
+
+
+def sizer(max_nodes: int):
+    """A sizer over a made-up step cost, and the sizes it measured (once per repeat)."""
+    measured: list[int] = []
+
+    def measure(n: int) -> float:
+        measured.append(n)
+        return 0.02 + 0.0002 * n
+
+    cost = StepCost(max_nodes)
+    cost.refresh(100, measure)
+    return Sizer(cost, Calibration()), measured, measure
+
+
+@pytest.mark.parametrize("chance", [0.05, 0.5, 0.9, 0.999])
+def test_choice_is_the_one_every_size_measured_gives(chance):
+    lazy, measured, _ = sizer(48)
+    full, _, _ = sizer(48)
+    full.cost(48)                                    # every size measured up front
+    tree = chain(chance, 47)
+    assert lazy.choose(tree, 0.001, 48).n == full.choose(tree, 0.001, 48).n
+    assert measured == sorted(measured)
+
+
+def test_sizes_that_cannot_pay_are_never_measured():
+    s, measured, _ = sizer(48)
+    choice = s.choose(chain(0.05, 47), 0.001, 48)
+    assert choice.n <= 2
+    assert max(measured) <= 4 and len(measured) == REPEATS * len(set(measured))
+    s, measured, _ = sizer(48)
+    s.choose(chain(0.999, 47), 0.001, 48)
+    assert max(measured) == 48                       # a sure chain is worth measuring for
+
+
+def test_measurements_are_kept_until_the_context_moves():
+    s, measured, measure = sizer(32)
+    s.choose(chain(0.9, 31), 0.001, 32)
+    count = len(measured)
+    s.cost.refresh(200, measure)             # moved less than REFRESH_MIN_TOKENS
+    s.choose(chain(0.9, 31), 0.001, 32)
+    assert len(measured) == count
+    s.cost.refresh(100 + 4096, measure)
+    s.choose(chain(0.9, 31), 0.001, 32)
+    assert len(measured) > count
