@@ -1,5 +1,7 @@
 """Adaptive sizing measures a step size only when a choice needs it, and chooses as if every
-size had been measured."""
+size had been measured; its calibration recovers from an unlucky start."""
+
+import random
 
 import pytest
 import torch
@@ -23,7 +25,7 @@ def sizer(max_nodes: int):
 
     def measure(n: int) -> float:
         measured.append(n)
-        return 0.02 + 0.0002 * n
+        return 0.02 + 0.005 * n                     # a node costs a fifth of a step
 
     cost = StepCost(max_nodes)
     cost.refresh(100, measure)
@@ -60,3 +62,19 @@ def test_measurements_are_kept_until_the_context_moves():
     s.cost.refresh(100 + 4096, measure)
     s.choose(chain(0.9, 31), 0.001, 32)
     assert len(measured) > count
+
+
+def test_a_bin_that_failed_first_is_tested_again():
+    """Drafts that follow their parent 85% of the time, whose first three were all rejected:
+    the sizer keeps verifying some of them and learns their worth."""
+    s, _, _ = sizer(16)
+    tree = chain(0.5, 15)
+    rng = random.Random(0)
+    for step in range(300):
+        chosen = s.choose(tree, 0.001, 16)
+        accepted = [0]
+        while step >= 3 and len(accepted) < chosen.n and rng.random() < 0.85:
+            accepted.append(len(accepted))
+        s.record(chosen, accepted)
+    assert s.calibration.chance(0, 0.5) > 0.75
+    assert s.choose(tree, 0.001, 16).n > 4
