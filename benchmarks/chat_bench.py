@@ -5,7 +5,9 @@ Each run starts cold: what drafters learn across calls on a model (earlier outpu
 recycling matrix, calibrations) is cleared before every generation, so no run profits from
 an earlier run of the same prompt. Runs generate exactly --new-tokens tokens (EOS ignored);
 each row says where `ar`'s answer first reached end-of-turn (`first_eos`), after which the
-model continues with whatever it writes past the end of an answer.
+model continues with whatever it writes past the end of an answer. With --repeats N every
+method runs N times and its run of median speed is reported (this machine's speed drifts by
+~10% between runs); `sizing_s` is the time each run spent timing steps for adaptive sizing.
 
     python benchmarks/chat_bench.py --model smollm2 --dtype bfloat16 --new-tokens 1024 \\
         --methods ar,auto,suffix,recycling,pld,hf,hf-pld --settings greedy,t07 --out chat.json
@@ -61,7 +63,11 @@ def run_one(model, peers, method: str, prompt_ids: list[int], n: int, sampling) 
     s = res.stats
     return {"tokens": res.token_ids, "seconds": s["decode_s"], "tok_s": s["tokens_per_s"],
             "len": s["mean_accepted_length"], "nodes": s["mean_tree_nodes"],
-            "sources": s.get("sources")}
+            "sizing_s": round(s["sizing_s"], 3), "sources": s.get("sources")}
+
+
+def median_run(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
 
 
 def geomean(xs: list[float]) -> float:
@@ -76,6 +82,7 @@ def main() -> None:
     p.add_argument("--methods", default="ar,auto,suffix,recycling,pld,hf,hf-pld")
     p.add_argument("--settings", default="greedy,t07")
     p.add_argument("--prompts", type=int, default=len(PROMPTS))
+    p.add_argument("--repeats", type=int, default=1, help="runs per method (median reported)")
     p.add_argument("--out", default="chat_bench.json")
     args = p.parse_args()
     model = longspec.load_model(args.model, dtype=args.dtype, device="cpu")
@@ -93,8 +100,11 @@ def main() -> None:
         for k, text in enumerate(PROMPTS[:args.prompts]):
             ids = encode_prompt(model, [{"role": "user", "content": text}])
             run_one(model, peers, "ar", ids, 16, sampling)               # warm-up
-            results = {m: run_one(model, peers, m, ids, args.new_tokens, sampling)
-                       for m in methods}
+            runs = {m: [] for m in methods}
+            for _ in range(args.repeats):           # interleaved, so drift hits all alike
+                for m in methods:
+                    runs[m].append(run_one(model, peers, m, ids, args.new_tokens, sampling))
+            results = {m: median_run(r) for m, r in runs.items()}
             ref = results["ar"]
             eos = model.eos_token_ids
             # where the answer ends: the tokens after it continue past end-of-turn
@@ -103,9 +113,11 @@ def main() -> None:
                 row = {"setting": setting, "prompt": k, "method": m,
                        "tok_s": round(r["tok_s"], 2),
                        "vs_ar": round(r["tok_s"] / ref["tok_s"], 3),
-                       "identical": r["tokens"] == ref["tokens"] if m not in PEERS else None,
+                       "identical": (all(run["tokens"] == ref["tokens"] for run in runs[m])
+                                     if m not in PEERS else None),
                        "first_eos": first_eos,
-                       **{key: r[key] for key in ("len", "nodes", "sources") if key in r}}
+                       **{key: r[key] for key in ("len", "nodes", "sizing_s", "sources")
+                          if key in r}}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     summary = {}

@@ -14,7 +14,7 @@ n = 1 is a plain decoding step.
   of the estimated chance that a node follows its parent, how often such a node was accepted
   when its parent was. Only verified nodes teach it, so a bin whose first few nodes failed
   would be cut from every later tree and never tested again (suffix drafts seen once, chance
-  0.84, stuck at 0.18 in one run of four on a chat prompt, 1.7x slower); each bin is read
+  0.84, stuck at 0.18 in 2 of 12 runs on a chat prompt, 1.6x slower); each bin is read
   optimistically, one standard error above its mean, so it is tested until its evidence says
   otherwise.
 """
