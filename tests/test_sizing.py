@@ -56,7 +56,7 @@ def test_measurements_are_kept_until_the_context_moves():
     s, measured, measure = sizer(32)
     s.choose(chain(0.9, 31), 0.001, 32)
     count = len(measured)
-    s.cost.refresh(200, measure)             # moved less than REFRESH_MIN_TOKENS
+    s.cost.refresh(200, measure)                     # moved less than REFRESH_MIN_TOKENS
     s.choose(chain(0.9, 31), 0.001, 32)
     assert len(measured) == count
     s.cost.refresh(100 + 4096, measure)
