@@ -6,8 +6,9 @@ recycling matrix, calibrations) is cleared before every generation, so no run pr
 an earlier run of the same prompt. Runs generate exactly --new-tokens tokens (EOS ignored);
 each row says where `ar`'s answer first reached end-of-turn (`first_eos`), after which the
 model continues with whatever it writes past the end of an answer. With --repeats N every
-method runs N times and its run of median speed is reported (this machine's speed drifts by
-~10% between runs); `sizing_s` is the time each run spent timing steps for adaptive sizing.
+method runs N times and its run of median speed is reported, the upper median for even N (so
+the faster of two; this machine's speed drifts by ~10% between runs); `sizing_s` is the time
+each run spent timing steps for adaptive sizing.
 
     python benchmarks/chat_bench.py --model smollm2 --dtype bfloat16 --new-tokens 1024 \\
         --methods ar,auto,suffix,recycling,pld,hf,hf-pld --settings greedy,t07 --out chat.json
