@@ -128,6 +128,8 @@ def _tree_tail(p, values, rows, group, q_len, shared, padded, start, order, fp32
         pt = torch.cat([pt, pt.new_zeros(kv_heads, q_len, group_rows - group, tail_len)], 2)
     pt = pt.reshape(kv_heads, q_len, group_rows, chunks, CHUNK).transpose(2, 3)
     pt = pt.reshape(kv_heads * q_len * chunks, group_rows, CHUNK)
-    tail = torch.bmm(pt, values[:, index].view(kv_heads * q_len * chunks, CHUNK, d))
+    # index_select copies whole value rows (~4x faster than indexing with the 2-D index)
+    tail_values = values.index_select(1, index.flatten())
+    tail = torch.bmm(pt, tail_values.view(kv_heads * q_len * chunks, CHUNK, d))
     tail = tail.view(kv_heads, q_len, chunks, group_rows, d)[..., :group, :]
     return tail.permute(0, 2, 3, 1, 4).reshape(kv_heads, chunks, rows, d).float()
