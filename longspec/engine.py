@@ -165,8 +165,11 @@ class Engine:
                 try:
                     while not self.done:
                         tree = self.propose()
+                        step_begin = time.perf_counter()
                         target = self.target(tree)
-                        new = self.commit(tree, target, verify(tree, target, self.sampler))
+                        verdict = verify(tree, target, self.sampler)
+                        self.sizer.cost.observe(tree.n, time.perf_counter() - step_begin)
+                        new = self.commit(tree, target, verdict)
                         self.stats.decode_s = time.perf_counter() - begin
                         yield new
                 finally:

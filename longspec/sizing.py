@@ -10,6 +10,9 @@ n = 1 is a plain decoding step.
   sizes and interpolated; measured again as the context grows. A size is measured only when
   a choice needs it: a step over 48 nodes costs ~8 plain steps on a CPU, and trees that
   large rarely pay, so measuring every size up front cost a fifth of a 512-token generation.
+  Each size is timed once; the real steps of a measured size then lower its time to the
+  fastest seen (a timing taken while the machine was busy is corrected for free, where
+  timing each size twice cost ~5% of a 512-token generation).
 - `Calibration`: what each source's estimates are worth, learned online: per source and bin
   of the estimated chance that a node follows its parent, how often such a node was accepted
   when its parent was. Only verified nodes teach it, so a bin whose first few nodes failed
@@ -29,7 +32,6 @@ import torch
 from .tree import DraftTree, TreeShape
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-REPEATS = 2                  # the fastest of this many timings (the machine may be shared)
 REFRESH_GROWTH = 1.25        # measure again when the context grew by a quarter...
 REFRESH_MIN_TOKENS = 1024    # ...and by at least this many tokens
 BINS = 32                    # of an estimate e: floor(4 * -log2 e), so low chances stay apart
@@ -62,8 +64,18 @@ class StepCost:
     def _measure_up_to(self, n: int) -> None:
         while len(self.seconds) < len(self.sizes) and self.measured < n:
             size = self.sizes[len(self.seconds)]
-            t = min(self._measure(size) for _ in range(REPEATS))
+            t = self._measure(size)
             self.seconds.append(max(t, self.seconds[-1]) if self.seconds else t)  # never cheaper
+
+    def observe(self, n: int, seconds: float) -> None:
+        """A real step over n nodes took `seconds`: when n is a measured size, its time
+        becomes the fastest seen (smaller sizes never cost more)."""
+        i = self.sizes.index(n) if n in self.sizes else len(self.seconds)
+        if i >= len(self.seconds) or seconds >= self.seconds[i]:
+            return
+        self.seconds[i] = seconds
+        for j in range(i):
+            self.seconds[j] = min(self.seconds[j], seconds)
 
     def __call__(self, n: int) -> float:
         """Interpolated seconds of a step over n nodes (measuring the sizes around n first)."""

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from longspec.sizing import REPEATS, Calibration, Sizer, StepCost
+from longspec.sizing import Calibration, Sizer, StepCost
 from longspec.tree import DraftTree
 
 CPU = torch.device("cpu")
@@ -20,7 +20,7 @@ def chain(chance: float, n: int) -> DraftTree:
 
 
 def sizer(max_nodes: int):
-    """A sizer over a made-up step cost, and the sizes it measured (once per repeat)."""
+    """A sizer over a made-up step cost, and the sizes it measured."""
     measured: list[int] = []
 
     def measure(n: int) -> float:
@@ -46,7 +46,7 @@ def test_sizes_that_cannot_pay_are_never_measured():
     s, measured, _ = sizer(48)
     choice = s.choose(chain(0.05, 47), 0.001, 48)
     assert choice.n <= 2
-    assert max(measured) <= 4 and len(measured) == REPEATS * len(set(measured))
+    assert max(measured) <= 4 and len(measured) == len(set(measured))   # each size once
     s, measured, _ = sizer(48)
     s.choose(chain(0.999, 47), 0.001, 48)
     assert max(measured) == 48                       # a sure chain is worth measuring for
@@ -62,6 +62,20 @@ def test_measurements_are_kept_until_the_context_moves():
     s.cost.refresh(100 + 4096, measure)
     s.choose(chain(0.9, 31), 0.001, 32)
     assert len(measured) > count
+
+
+def test_real_steps_lower_a_measured_size_to_the_fastest_seen():
+    s, measured, _ = sizer(32)
+    s.cost(8)                                        # 1, 2, 4, 8 measured: 25-60 ms
+    s.cost.observe(8, 0.020)                         # a faster real step of 8 nodes
+    assert s.cost(8) == 0.020
+    assert s.cost(4) == 0.020                        # a smaller step never costs more
+    assert s.cost(1) == 0.020
+    s.cost.observe(8, 0.5)                           # a slower one changes nothing
+    s.cost.observe(16, 0.001)                        # nor one of a size not yet measured
+    s.cost.observe(5, 0.001)                         # nor one between the sizes
+    assert s.cost(8) == 0.020 and measured == [1, 2, 4, 8]
+    assert s.cost(16) == pytest.approx(0.1)
 
 
 def test_a_bin_that_failed_first_is_tested_again():
