@@ -78,6 +78,15 @@ def test_real_steps_lower_a_measured_size_to_the_fastest_seen():
     assert s.cost(16) == pytest.approx(0.1)
 
 
+def test_a_failing_source_is_doubted_in_bins_it_has_not_tried():
+    c = Calibration()
+    fresh = c.chance(0, 0.3)
+    for _ in range(30):
+        c.record(chain(0.7, 1), [0])                 # its drafts estimated 0.7 all fail
+    assert c.chance(0, 0.3) < fresh / 2              # an estimate of 0.3 is worth less now
+    assert c.chance(1, 0.3) == fresh                 # another source's is not
+
+
 def test_a_bin_that_failed_first_is_tested_again():
     """Drafts that follow their parent 85% of the time, whose first three were all rejected:
     the sizer keeps verifying some of them and learns their worth."""
