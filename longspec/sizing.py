@@ -144,10 +144,10 @@ class Calibration:
             p = parents[i]
             if p in passed:
                 source = sources[i]
-                tested, hits = self._tables(source)
+                tested, accepted_in_bin = self._tables(source)
                 b = self._bin(raw[i] / raw[p] if raw[p] > 0 else 0.0)
                 tested[b] += 1
-                hits[b] += i in passed
+                accepted_in_bin[b] += i in passed
                 self._hits[source] += i in passed
                 self._expected[source] += BIN_ESTIMATE[b]
 
