@@ -108,8 +108,8 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     if order is not None:
         parts.append(_tree_tail(p, values, rows, group, q_len, shared, padded, start, order,
                                 fp32))
-    parts = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-    out = pairwise_sum(parts.transpose(0, 1)).to(q.dtype)                      # [kv, rows, d]
+    partials = parts[0] if len(parts) == 1 else torch.cat(parts, 1)          # [kv, chunks, ...]
+    out = pairwise_sum(partials.transpose(0, 1)).to(q.dtype)                   # [kv, rows, d]
     return out.view(kv_heads, group, q_len, d).permute(2, 0, 1, 3).reshape(q_len, heads * d)
 
 
