@@ -19,6 +19,7 @@ from ..cache.base import AttentionPlan, KVCache
 from .attention import block_order, grouped_attention
 from .config import ModelConfig
 from .linear import DenseLinear, Int4Linear
+from .native import native_layers
 from .rope import apply_rope, rope_cos_sin, rope_frequencies
 
 
@@ -89,6 +90,7 @@ class Transformer(nn.Module):
         self.norm = _frozen(norm)
         self.lm_head = lm_head
         self.layers = nn.ModuleList(Block(config, w) for w in layers)
+        self.native = native_layers(self)   # the compiled layers, where they apply (native.py)
         self.set_context(config.max_positions)
 
     @property
@@ -146,10 +148,13 @@ class Transformer(nn.Module):
         plan = dataclasses.replace(cache.plan(tokens.shape[0], mask), block_order=block_order(mask))
         x = F.embedding(tokens, self.embed)
         queries = [] if return_queries else None
-        for i, layer in enumerate(self.layers):
-            x, q = layer(x, cos, sin, i, cache, plan)
-            if queries is not None:
-                queries.append(q[-1])
+        if self.native is not None and queries is None:
+            x = self.native(x, cos, sin, cache, plan)
+        else:
+            for i, layer in enumerate(self.layers):
+                x, q = layer(x, cos, sin, i, cache, plan)
+                if queries is not None:
+                    queries.append(q[-1])
         logits = None
         if need_logits:
             selected = x if logits_index is None else x[logits_index]

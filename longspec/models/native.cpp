@@ -1,0 +1,167 @@
+// The decoder layers of a bfloat16 CPU model with int4 weights (transformer.py's Block with
+// attention.py's grouped_attention and linear.py's products), as the same ATen calls in the
+// same order, made from C++: bitwise the Python path's output without its per-call overhead.
+// native.py builds this file and says when it is used; change both paths together.
+
+#include <torch/extension.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+using at::Tensor;
+using namespace at::indexing;
+
+namespace {
+
+constexpr int64_t CHUNK = 256;  // cache/base.py's CHUNK
+
+// Int4Linear.forward (with scale_zero; `size` its group) or DenseLinear.forward (without;
+// `size` its min_rows) for bfloat16 activations.
+Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& scale_zero,
+              int64_t size, bool doubled, const std::optional<Tensor>& bias) {
+  if (scale_zero) {
+    Tensor xin = doubled ? at::cat({x, x}, -1) : x;
+    Tensor y = at::_weight_int4pack_mm_for_cpu(xin.contiguous(), weight, size, *scale_zero);
+    return bias ? y + *bias : y;
+  }
+  int64_t rows = x.size(0);
+  if (rows >= size) return at::linear(x, weight, bias);
+  Tensor padded = at::cat({x, x.new_zeros({size - rows, x.size(1)})});
+  return at::linear(padded, weight, bias).index({Slice(None, rows)});
+}
+
+// attention.py's pairwise_sum.
+Tensor pairwise_sum(Tensor parts) {
+  int64_t n = parts.size(0);
+  int64_t size = 1;
+  while (size < n) size <<= 1;
+  if (size > n) {
+    std::vector<int64_t> shape = parts.sizes().vec();
+    shape[0] = size - n;
+    parts = at::cat({parts, parts.new_zeros(shape)});
+  }
+  while (parts.size(0) > 1) {
+    parts = parts.index({Slice(0, None, 2)}) + parts.index({Slice(1, None, 2)});
+  }
+  return parts[0];
+}
+
+// attention.py's _tree_tail for bfloat16 values.
+Tensor tree_tail(const Tensor& p, const Tensor& values, int64_t rows, int64_t group,
+                 int64_t q_len, int64_t shared, int64_t padded, int64_t start,
+                 const Tensor& order) {
+  int64_t kv_heads = values.size(0), d = values.size(2);
+  int64_t tail_len = padded - shared * CHUNK, chunks = tail_len / CHUNK;
+  Tensor index = at::arange(shared * CHUNK, padded, p.options().dtype(at::kLong))
+                     .repeat({q_len, 1});
+  int64_t at_slot = start - shared * CHUNK;
+  index.index_put_({Slice(), Slice(at_slot, at_slot + q_len)}, order + start);
+  Tensor pt = p.index({Slice(), Slice(None, rows), Slice(shared * CHUNK, None)})
+                  .view({kv_heads, group, q_len, tail_len}).transpose(1, 2);
+  pt = pt.reshape({kv_heads, q_len, group, chunks, CHUNK}).transpose(2, 3);
+  pt = pt.reshape({kv_heads * q_len * chunks, group, CHUNK});
+  Tensor tail_values = values.index_select(1, index.flatten());
+  Tensor tail = at::bmm(pt, tail_values.view({kv_heads * q_len * chunks, CHUNK, d}));
+  tail = tail.view({kv_heads, q_len, chunks, group, d}).index({"...", Slice(None, group), Slice()});
+  return tail.permute({0, 2, 3, 1, 4}).reshape({kv_heads, chunks, rows, d}).to(at::kFloat);
+}
+
+// attention.py's grouped_attention for bfloat16 keys and values.
+Tensor grouped_attention(const Tensor& q, const Tensor& key_buf, const Tensor& value_buf,
+                         int64_t start, int64_t n, const std::optional<Tensor>& mask,
+                         const std::optional<Tensor>& order, int64_t bucket, double scale) {
+  int64_t q_len = q.size(0), heads = q.size(1), d = q.size(2);
+  int64_t kv_heads = key_buf.size(0), group = heads / kv_heads, rows = group * q_len;
+  int64_t padded = (n + CHUNK - 1) / CHUNK * CHUNK;
+  int64_t shared = order ? start / CHUNK : padded / CHUNK;   // chunks every row reads
+  Tensor qg = q.view({q_len, kv_heads, group, d}).permute({1, 2, 0, 3})
+                  .reshape({kv_heads, rows, d});
+  if (bucket > rows) qg = at::cat({qg, qg.new_zeros({kv_heads, bucket - rows, d})}, 1);
+  Tensor keys = key_buf.as_strided({kv_heads, padded, d}, key_buf.strides());
+  Tensor values = value_buf.as_strided({kv_heads, padded, d}, value_buf.strides());
+  Tensor s = at::bmm(qg, keys.transpose(1, 2)).to(at::kFloat).mul_(scale);
+  s.index_put_({"...", Slice(n, None)}, -INFINITY);
+  if (mask) {
+    Tensor block = s.index({Slice(), Slice(None, rows)}).view({kv_heads, group, q_len, padded})
+                       .index({"...", Slice(start, start + q_len)});
+    if (order) {
+      block.copy_(block.gather(-1, order->expand({kv_heads, group, q_len, q_len}))
+                  + mask->gather(-1, *order));
+    } else {
+      block += *mask;
+    }
+  }
+  Tensor p = at::softmax(s, -1).to(values.scalar_type());
+  std::vector<Tensor> parts;
+  if (shared) {
+    Tensor chunks = p.index({"...", Slice(None, shared * CHUNK)})
+                        .view({kv_heads, bucket, shared, CHUNK}).transpose(1, 2);
+    Tensor vals = values.index({Slice(), Slice(None, shared * CHUNK)})
+                      .reshape({kv_heads * shared, CHUNK, d});
+    Tensor out = at::bmm(chunks.reshape({kv_heads * shared, bucket, CHUNK}), vals);
+    parts.push_back(out.view({kv_heads, shared, bucket, d})
+                        .index({Slice(), Slice(), Slice(None, rows)}).to(at::kFloat));
+  }
+  if (order) {
+    parts.push_back(tree_tail(p, values, rows, group, q_len, shared, padded, start, *order));
+  }
+  Tensor partials = parts.size() == 1 ? parts[0] : at::cat(parts, 1);
+  return pairwise_sum(partials.transpose(0, 1)).to(q.scalar_type())
+      .view({kv_heads, group, q_len, d}).permute({2, 0, 1, 3}).reshape({q_len, heads * d});
+}
+
+}  // namespace
+
+// Every layer over x [q, hidden]: products l*4 .. l*4+3 of layer l are its q|k|v, output,
+// gate|up and down (int4 where scale_zero is given, dense where not); norms l*2, l*2+1 its attention and MLP norms; qk_norms (empty or 2 per
+// layer) Qwen3's query and key norms. The block goes to cache slots [start, start + q) and
+// attends to slots [0, n); mask and order are the block's additive mask and its block_order.
+Tensor layers(Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<Tensor>& norms,
+              const std::vector<Tensor>& qk_norms, const std::vector<Tensor>& weights,
+              const std::vector<std::optional<Tensor>>& scale_zero,
+              const std::vector<int64_t>& sizes, const std::vector<bool>& doubled,
+              const std::vector<std::optional<Tensor>>& bias,
+              const std::vector<Tensor>& key_bufs, const std::vector<Tensor>& value_bufs,
+              int64_t start, int64_t n, const std::optional<Tensor>& mask,
+              const std::optional<Tensor>& order, int64_t heads,
+              int64_t kv_heads, int64_t head_dim, int64_t bucket, double eps, double scale) {
+  int64_t q_len = x.size(0), hidden = x.size(1);
+  int64_t nq = heads * head_dim, nkv = kv_heads * head_dim;
+  auto product = [&](size_t i, const Tensor& in) {
+    return linear(in, weights[i], scale_zero[i], sizes[i], doubled[i], bias[i]);
+  };
+  for (size_t l = 0; l < key_bufs.size(); ++l) {
+    Tensor h = at::rms_norm(x, {hidden}, norms[2 * l], eps);
+    Tensor qkv = product(4 * l, h);
+    Tensor qk = qkv.index({Slice(), Slice(None, nq + nkv)})
+                    .view({q_len, heads + kv_heads, head_dim});
+    Tensor v = qkv.index({Slice(), Slice(nq + nkv, None)}).view({q_len, kv_heads, head_dim});
+    if (!qk_norms.empty()) {
+      qk = at::cat({at::rms_norm(qk.index({Slice(), Slice(None, heads)}), {head_dim},
+                                 qk_norms[2 * l], eps),
+                    at::rms_norm(qk.index({Slice(), Slice(heads, None)}), {head_dim},
+                                 qk_norms[2 * l + 1], eps)},
+                   1);
+    }
+    qk = at::addcmul(qk * cos, qk.roll({head_dim / 2}, {-1}), sin);
+    Tensor q = qk.index({Slice(), Slice(None, heads)});
+    Tensor k = qk.index({Slice(), Slice(heads, None)});
+    key_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(k.transpose(0, 1));
+    value_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(v.transpose(0, 1));
+    Tensor out = grouped_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order, bucket,
+                                   scale);
+    x = x + product(4 * l + 1, out);
+    h = at::rms_norm(x, {hidden}, norms[2 * l + 1], eps);
+    Tensor gate_up = product(4 * l + 2, h);
+    int64_t half = gate_up.size(1) / 2;
+    Tensor gate = gate_up.index({Slice(), Slice(None, half)});
+    Tensor up = gate_up.index({Slice(), Slice(half, None)});
+    x = x + product(4 * l + 3, at::silu(gate) * up);
+  }
+  return x;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("layers", &layers, "every decoder layer of a bfloat16 CPU model over a block");
+}

@@ -1,0 +1,91 @@
+"""The decoder layers of a quantized CPU model, run by one compiled function.
+
+A decoding step of SmolLM2-135M makes ~2,000 framework calls, most of them views, slices and
+casts of a microsecond or two of work, and from Python each costs more than its work: a step's
+products take ~6 ms of its ~18 (BENCHMARKS.md). native.cpp makes the same ATen calls in the same
+order from C++ (`Block.forward` with `grouped_attention`, chains and draft trees alike), so its
+output is bitwise the Python path's (tests/test_native.py) at ~0.7× the time of a step.
+
+It is compiled on first use against the installed PyTorch (torch.utils.cpp_extension; ~40 s once,
+then cached in PyTorch's extensions directory). Without a C++ compiler, or with
+LONGSPEC_NATIVE=0 in the environment, the layers run in Python, with the same output.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ..cache.base import CHUNK, AttentionPlan, KVCache
+from .linear import Int4Linear, min_rows
+
+
+@functools.cache
+def _extension() -> ModuleType | None:
+    """The compiled module, or None (with one warning saying why) where it cannot be built."""
+    from torch.utils import cpp_extension
+    try:
+        return cpp_extension.load("longspec_native", [str(Path(__file__).with_name("native.cpp"))],
+                                  extra_cflags=["-O2"])
+    except (RuntimeError, OSError) as e:
+        warnings.warn(f"longspec's compiled decoder layers could not be built ({e}); the layers "
+                      "run in Python (same tokens, slower on a CPU). Install a C++ compiler "
+                      "(g++) to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
+                      stacklevel=2)
+        return None
+
+
+def _products(net) -> list:
+    """Every layer's four products in order: q|k|v, output, gate|up, down."""
+    return [p for b in net.layers for p in (b.wqkv, b.wo, b.w_gate_up, b.w_down)]
+
+
+class NativeLayers:
+    """Every layer of a quantized `Transformer` (int4 products, and the dense ones of formats
+    the kernel cannot take), bfloat16 on a CPU: `__call__(x, cos, sin, cache, plan)` is what
+    the Python loop over `Block`s returns."""
+
+    def __init__(self, module: ModuleType, net) -> None:
+        self.module = module
+        self.config = c = net.config
+        blocks = list(net.layers)
+        products = _products(net)
+        self.norms = [t for b in blocks for t in (b.attn_norm, b.mlp_norm)]
+        self.qk_norms = ([] if blocks[0].q_norm is None
+                         else [t for b in blocks for t in (b.q_norm, b.k_norm)])
+        int4 = [isinstance(p, Int4Linear) for p in products]
+        self.weights = [p.packed if q else p.weight for p, q in zip(products, int4)]
+        self.scale_zero = [p.scale_zero if q else None for p, q in zip(products, int4)]
+        self.sizes = [p.group if q else p.min_rows for p, q in zip(products, int4)]
+        self.doubled = [q and p.doubled for p, q in zip(products, int4)]
+        self.bias = [p.bias for p in products]
+        self.bucket_rows = min_rows(c.head_dim, CHUNK)
+        self.scale = c.head_dim ** -0.5
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                 plan: AttentionPlan) -> torch.Tensor:
+        c = self.config
+        rows = c.num_heads // c.num_kv_heads * x.shape[0]
+        return self.module.layers(
+            x, cos, sin, self.norms, self.qk_norms, self.weights, self.scale_zero, self.sizes,
+            self.doubled, self.bias, cache.k, cache.v, plan.start, plan.n_keys, plan.block_mask,
+            plan.block_order, c.num_heads, c.num_kv_heads, c.head_dim, max(rows, self.bucket_rows),
+            c.rms_norm_eps, self.scale)
+
+
+def native_layers(net) -> NativeLayers | None:
+    """The compiled layers for `net` where they apply: a CPU model in bfloat16 with int4
+    products (a quantized GGUF or `--quantize`); otherwise None."""
+    if os.environ.get("LONGSPEC_NATIVE", "1") == "0":
+        return None
+    if net.device.type != "cpu" or net.dtype != torch.bfloat16:
+        return None
+    if not any(isinstance(p, Int4Linear) for p in _products(net)):
+        return None
+    module = _extension()
+    return None if module is None else NativeLayers(module, net)
