@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +30,11 @@ from .linear import Int4Linear, min_rows
 def _extension() -> ModuleType | None:
     """The compiled module, or None (with one warning saying why) where it cannot be built."""
     from torch.utils import cpp_extension
+    # where `load` keeps the build (the one place that knows its layout, though private)
+    build = Path(cpp_extension._get_build_directory("longspec_native", verbose=False))
+    if not (build / "longspec_native.so").exists():
+        print("longspec: compiling the decoder layers for quantized models (once, ~40 s)",
+              file=sys.stderr, flush=True)
     try:
         return cpp_extension.load("longspec_native", [str(Path(__file__).with_name("native.cpp"))],
                                   extra_cflags=["-O2"])
