@@ -1,0 +1,72 @@
+"""The compiled decoder layers (models/native.cpp) against the Python ones, in one process.
+
+One forward of a plain step (1 node) and of an 8-node draft tree over the same cache, the
+model's compiled layers switched off and on in interleaved rounds (this machine is shared:
+only side-by-side ratios mean anything). The logits of both are checked to be equal.
+
+    python benchmarks/native_ab.py --model smollm2 --contexts 300,1024,4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from ar_latency import prefilled_cache
+
+import longspec
+from longspec.tree import TreeShape
+
+TREE = [-1, 0, 0, 1, 1, 2, 3, 4]
+
+
+def median_ms(net, block: tuple, reps: int) -> float:
+    """Median ms of `reps` forwards of `block` (after two unmeasured ones)."""
+    times = []
+    for i in range(reps + 2):
+        start = time.perf_counter()
+        net(*block)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--contexts", default="300,1024,4096")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--reps", type=int, default=15)
+    args = ap.parse_args()
+    model = longspec.load_model(args.model, device="cpu")
+    net, native = model.net, model.net.native
+    if native is None:
+        raise SystemExit(f"{args.model} has no compiled layers (not a quantized CPU model, "
+                         "or no compiler; see README)")
+    cpu = torch.device("cpu")
+    print("context nodes python_ms compiled_ms compiled/python")
+    for context in map(int, args.contexts.split(",")):
+        cache = prefilled_cache(model, context, 16)
+        for shape in (TreeShape([-1], cpu), TreeShape(TREE, cpu)):
+            q = len(shape.depth)
+            tokens = torch.randint(0, model.config.vocab_size, (q,))
+            mask = shape.mask(model.dtype) if q > 1 else None
+            block = (tokens, shape.depth + context, cache, mask)
+            times = {"python": [], "compiled": []}
+            logits = {}
+            for _ in range(args.rounds):
+                for name, runs in times.items():
+                    net.native = native if name == "compiled" else None
+                    logits[name] = net(*block).logits
+                    runs.append(median_ms(net, block, args.reps))
+            net.native = native
+            assert torch.equal(logits["python"], logits["compiled"])
+            py, comp = statistics.median(times["python"]), statistics.median(times["compiled"])
+            ratio = statistics.median(c / p for p, c in zip(times["python"], times["compiled"]))
+            print(f"{context} {q} {py:.2f} {comp:.2f} {ratio:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
