@@ -63,7 +63,7 @@ Tensor tree_tail(const Tensor& p, const Tensor& values, int64_t rows, int64_t gr
   pt = pt.reshape({kv_heads * q_len * chunks, group, CHUNK});
   Tensor tail_values = values.index_select(1, index.flatten());
   Tensor tail = at::bmm(pt, tail_values.view({kv_heads * q_len * chunks, CHUNK, d}));
-  tail = tail.view({kv_heads, q_len, chunks, group, d}).index({"...", Slice(None, group), Slice()});
+  tail = tail.view({kv_heads, q_len, chunks, group, d});
   return tail.permute({0, 2, 3, 1, 4}).reshape({kv_heads, chunks, rows, d}).to(at::kFloat);
 }
 
@@ -114,9 +114,10 @@ Tensor grouped_attention(const Tensor& q, const Tensor& key_buf, const Tensor& v
 }  // namespace
 
 // Every layer over x [q, hidden]: products l*4 .. l*4+3 of layer l are its q|k|v, output,
-// gate|up and down (int4 where scale_zero is given, dense where not); norms l*2, l*2+1 its attention and MLP norms; qk_norms (empty or 2 per
-// layer) Qwen3's query and key norms. The block goes to cache slots [start, start + q) and
-// attends to slots [0, n); mask and order are the block's additive mask and its block_order.
+// gate|up and down (int4 where scale_zero is given, dense where not); norms l*2, l*2+1 its
+// attention and MLP norms; qk_norms (empty or 2 per layer) Qwen3's query and key norms. The
+// block goes to cache slots [start, start + q) and attends to slots [0, n); mask and order are
+// the block's additive mask and its block_order.
 Tensor layers(Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<Tensor>& norms,
               const std::vector<Tensor>& qk_norms, const std::vector<Tensor>& weights,
               const std::vector<std::optional<Tensor>>& scale_zero,
@@ -131,7 +132,7 @@ Tensor layers(Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<
   auto product = [&](size_t i, const Tensor& in) {
     return linear(in, weights[i], scale_zero[i], sizes[i], doubled[i], bias[i]);
   };
-  for (size_t l = 0; l < key_bufs.size(); ++l) {
+  for (size_t l = 0; l < norms.size() / 2; ++l) {
     Tensor h = at::rms_norm(x, {hidden}, norms[2 * l], eps);
     Tensor qkv = product(4 * l, h);
     Tensor qk = qkv.index({Slice(), Slice(None, nq + nkv)})
