@@ -117,8 +117,9 @@ Tensor grouped_attention(const Tensor& q, const Tensor& key_buf, const Tensor& v
 // gate|up and down (int4 where scale_zero is given, dense where not); norms l*2, l*2+1 its
 // attention and MLP norms; qk_norms (empty or 2 per layer) Qwen3's query and key norms. The
 // block goes to cache slots [start, start + q) and attends to slots [0, n); mask and order are
-// the block's additive mask and its block_order.
-Tensor layers(Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<Tensor>& norms,
+// the block's additive mask and its block_order. Returns the output [q, hidden] and, when
+// asked for, each layer's rotated query of the last token [heads, head_dim].
+std::tuple<Tensor, std::vector<Tensor>> layers(Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<Tensor>& norms,
               const std::vector<Tensor>& qk_norms, const std::vector<Tensor>& weights,
               const std::vector<std::optional<Tensor>>& scale_zero,
               const std::vector<int64_t>& sizes, const std::vector<bool>& doubled,
@@ -126,8 +127,10 @@ Tensor layers(Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<
               const std::vector<Tensor>& key_bufs, const std::vector<Tensor>& value_bufs,
               int64_t start, int64_t n, const std::optional<Tensor>& mask,
               const std::optional<Tensor>& order, int64_t heads,
-              int64_t kv_heads, int64_t head_dim, int64_t bucket, double eps, double scale) {
+              int64_t kv_heads, int64_t head_dim, int64_t bucket, double eps, double scale,
+              bool want_queries) {
   int64_t q_len = x.size(0), hidden = x.size(1);
+  std::vector<Tensor> queries;
   int64_t nq = heads * head_dim, nkv = kv_heads * head_dim;
   auto product = [&](size_t i, const Tensor& in) {
     return linear(in, weights[i], scale_zero[i], sizes[i], doubled[i], bias[i]);
@@ -148,6 +151,7 @@ Tensor layers(Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<
     qk = at::addcmul(qk * cos, qk.roll({head_dim / 2}, {-1}), sin);
     Tensor q = qk.index({Slice(), Slice(None, heads)});
     Tensor k = qk.index({Slice(), Slice(heads, None)});
+    if (want_queries) queries.push_back(q[q_len - 1]);
     key_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(k.transpose(0, 1));
     value_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(v.transpose(0, 1));
     Tensor out = grouped_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order, bucket,
@@ -160,7 +164,7 @@ Tensor layers(Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<
     Tensor up = gate_up.index({Slice(), Slice(half, None)});
     x = x + product(4 * l + 3, at::silu(gate) * up);
   }
-  return x;
+  return {x, queries};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -53,8 +53,9 @@ def _products(net) -> list:
 
 class NativeLayers:
     """Every layer of a quantized `Transformer` (int4 products, and the dense ones of formats
-    the kernel cannot take), bfloat16 on a CPU: `__call__(x, cos, sin, cache, plan)` is what
-    the Python loop over `Block`s returns."""
+    the kernel cannot take), bfloat16 on a CPU: `__call__(x, cos, sin, cache, plan, queries)`
+    is what the Python loop over `Block`s gives: the output, and each layer's query of the last
+    token when `queries` (else None)."""
 
     def __init__(self, module: ModuleType, net) -> None:
         self.module = module
@@ -74,14 +75,16 @@ class NativeLayers:
         self.scale = c.head_dim ** -0.5
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-                 plan: AttentionPlan) -> torch.Tensor:
+                 plan: AttentionPlan, queries: bool
+                 ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         c = self.config
         rows = c.num_heads // c.num_kv_heads * x.shape[0]
-        return self.module.layers(
+        out, last_queries = self.module.layers(
             x, cos, sin, self.norms, self.qk_norms, self.weights, self.scale_zero, self.sizes,
             self.doubled, self.bias, cache.k, cache.v, plan.start, plan.n_keys, plan.block_mask,
             plan.block_order, c.num_heads, c.num_kv_heads, c.head_dim, max(rows, self.bucket_rows),
-            c.rms_norm_eps, self.scale)
+            c.rms_norm_eps, self.scale, queries)
+        return out, last_queries if queries else None
 
 
 def native_layers(net) -> NativeLayers | None:

@@ -147,10 +147,10 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, self.dtype)
         plan = dataclasses.replace(cache.plan(tokens.shape[0], mask), block_order=block_order(mask))
         x = F.embedding(tokens, self.embed)
-        queries = [] if return_queries else None
-        if self.native is not None and queries is None:
-            x = self.native(x, cos, sin, cache, plan)
+        if self.native is not None:
+            x, queries = self.native(x, cos, sin, cache, plan, return_queries)
         else:
+            queries = [] if return_queries else None
             for i, layer in enumerate(self.layers):
                 x, q = layer(x, cos, sin, i, cache, plan)
                 if queries is not None:
