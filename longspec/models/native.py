@@ -38,7 +38,7 @@ def _extension() -> ModuleType | None:
     try:
         return cpp_extension.load("longspec_native", [str(Path(__file__).with_name("native.cpp"))],
                                   extra_cflags=["-O2"])
-    except (RuntimeError, OSError) as e:
+    except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
         warnings.warn(f"longspec's compiled decoder layers could not be built ({e}); the layers "
                       "run in Python (same tokens, slower on a CPU). Install a C++ compiler "
                       "(g++) to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
