@@ -53,8 +53,8 @@ def test_compiled_layers_equal_the_python_layers_bitwise(tmp_path, monkeypatch, 
         cache = StaticCache(model.config, context + 40, model.dtype, "cpu")
         prefill(model.net, prompt, cache, 0)
         caches.append(cache)
-    tokens = torch.randint(0, 320, (16,), generator=g)
-    trees = [TreeShape.chain(q - 1, torch.device("cpu")) for q in (1, 2, 5, 16)]
+    tokens = torch.randint(0, 320, (40,), generator=g)
+    trees = [TreeShape.chain(q - 1, torch.device("cpu")) for q in (1, 2, 5, 16, 40)]
     trees.append(TreeShape([-1, 0, 0, 1, 1, 2, 4, 4, 6, 3], torch.device("cpu")))
     for shape in trees:
         q = len(shape.depth)

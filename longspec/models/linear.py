@@ -2,11 +2,12 @@
 whatever q is and whatever the other rows hold, so a draft-tree node's logits equal those of
 the same token run alone, and speculation writes exactly what plain decoding writes.
 
-Measured on this project's CPU (torch 2.13, oneDNN; BENCHMARKS.md):
-- bfloat16 `F.linear` (oneDNN brgemm) is row-invariant, except that a 1-row product with a
-  reduction dim K above 1024 takes another path than 2 or more rows: such a row runs as two;
-  and that PyTorch runs products of at most 16^3 multiply-adds (rows x K x N) in a plain loop
-  that sums in another order (tiny layers): rows are added until a product passes that.
+Measured on x86 CPUs with AVX-512 bfloat16 and with AMX (torch 2.13, oneDNN; BENCHMARKS.md):
+- bfloat16 `F.linear` (oneDNN brgemm) is row-invariant from 2 to 32 rows. A 1-row product
+  takes another path (with AMX at any K, without it above K = 1024): it runs as two rows.
+  With AMX, products of more than 32 rows sum some rows otherwise: they run in 32-row parts.
+  PyTorch runs products of at most 16^3 multiply-adds (rows x K x N) in a plain loop that
+  sums in another order (tiny layers): rows are added until a product passes that.
 - float32 `x @ W` and `F.linear` are not (MKL picks kernels by row count: 1-3, 4, 8, >= 12);
   oneDNN's inner product (`mkldnn._linear_pointwise`) on weights kept as [in, out] is, with the
   same K > 1024 exception. It is also 2-2.5x faster than MKL for 8-16 rows.
@@ -23,6 +24,7 @@ from torch import nn
 
 TWO_ROW_K = 1024     # oneDNN's 1-row path differs from its multi-row one above this K
 ONEDNN_MIN_WORK = 16 ** 3   # bfloat16 products with rows * K * N at most this skip oneDNN
+MAX_ROWS = 32        # bfloat16 products on AMX: more rows than this sum some rows otherwise
 
 
 def min_rows(k: int, n: int) -> int:
@@ -39,8 +41,8 @@ class DenseLinear(nn.Module):
         self.in_features = weight.shape[1]
         self.onednn_fp32 = weight.dtype == torch.float32 and weight.device.type == "cpu"
         # on a CPU, fewer rows run padded with zero rows to this many
-        self.min_rows = max(2 if self.in_features > TWO_ROW_K else 1,
-                            1 if self.onednn_fp32 else min_rows(*weight.shape))
+        self.min_rows = ((2 if self.in_features > TWO_ROW_K else 1) if self.onednn_fp32
+                         else max(2, min_rows(*weight.shape)))
         stored = weight.t().contiguous() if self.onednn_fp32 else weight
         self.weight = nn.Parameter(stored, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
@@ -52,6 +54,8 @@ class DenseLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
+        if rows > MAX_ROWS and not self.onednn_fp32 and x.device.type == "cpu":
+            return torch.cat([self(part) for part in x.split(MAX_ROWS)])
         short = x.device.type == "cpu" and rows < self.min_rows
         if short:
             x = torch.cat([x, x.new_zeros(self.min_rows - rows, x.shape[1])])

@@ -14,7 +14,8 @@ using namespace at::indexing;
 
 namespace {
 
-constexpr int64_t CHUNK = 256;  // cache/base.py's CHUNK
+constexpr int64_t CHUNK = 256;    // cache/base.py's CHUNK
+constexpr int64_t MAX_ROWS = 32;  // linear.py's MAX_ROWS
 
 // Int4Linear.forward (with scale_zero; `size` its group) or DenseLinear.forward (without;
 // `size` its min_rows) for bfloat16 activations.
@@ -26,6 +27,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
     return bias ? y + *bias : y;
   }
   int64_t rows = x.size(0);
+  if (rows > MAX_ROWS) {
+    std::vector<Tensor> parts;
+    for (const Tensor& part : x.split(MAX_ROWS))
+      parts.push_back(linear(part, weight, scale_zero, size, doubled, bias));
+    return at::cat(parts);
+  }
   if (rows >= size) return at::linear(x, weight, bias);
   Tensor padded = at::cat({x, x.new_zeros({size - rows, x.size(1)})});
   return at::linear(padded, weight, bias).index({Slice(None, rows)});
