@@ -15,7 +15,7 @@ import torch
 
 from .noise import PositionNoise
 from .penalty import PenaltyWindow
-from .sampling import SamplingConfig, process_logits, select_tokens
+from .sampling import SamplingConfig, process_logits
 from .tree import DraftTree
 
 
@@ -53,13 +53,7 @@ class Sampler:
         window = self._window(list(ahead))
         present = window.presence(tree) if window is not None else None
         processed = process_logits(logits, self.config, present)
-        noise = None
-        if self.noise is not None:
-            shape = tree.shape
-            noise = self.noise.rows(self.length + len(ahead), shape.max_depth + 1)
-            if shape.n > 1:
-                noise = noise[shape.depth]
-        return processed, select_tokens(processed, noise)
+        return processed, self._choose(processed, tree.shape.depth + self.length + len(ahead))
 
     def chain_choice(self, logits: torch.Tensor, path: list[int]) -> tuple[torch.Tensor, int]:
         """Processed logits [1, vocab] and the token chosen after committed + path: the
@@ -68,8 +62,8 @@ class Sampler:
         processed = process_logits(logits, self.config, present)
         if self.rejection:
             return processed, int(self.sample(processed)[0])
-        noise = None if self.noise is None else self.noise.rows(self.length + len(path), 1)
-        return processed, int(select_tokens(processed, noise)[0])
+        position = torch.tensor([self.length + len(path)], device=self.device)
+        return processed, int(self._choose(processed, position)[0])
 
     def guess_scores(self, logits: torch.Tensor, first_depth: int, noise: bool = True,
                      same_depth: bool = False) -> torch.Tensor:
@@ -85,10 +79,16 @@ class Sampler:
             present = self.penalty.presence_after([]).expand(m, -1)
         scores = process_logits(logits, self.config, present)
         if noise and self.noise is not None:
-            first = self.length - 1 + first_depth
-            scores = scores + (self.noise.rows(first, 1) if same_depth
-                               else self.noise.rows(first, m))
+            positions = torch.arange(m, device=self.device) * (not same_depth)
+            scores = self.noise.add(scores, positions + self.length - 1 + first_depth)
         return scores
+
+    def _choose(self, processed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The token each row picks: argmax of processed logits, plus the Gumbel noise of the
+        row's absolute position when sampling."""
+        if self.noise is None:
+            return processed.argmax(dim=-1)
+        return self.noise.add(processed, positions).argmax(dim=-1)
 
     def sample(self, processed: torch.Tensor) -> torch.Tensor:
         """One fresh sample per row of processed logits (Gumbel-max with the seeded generator)."""

@@ -130,8 +130,3 @@ def _outside_nucleus(x: torch.Tensor, top_p: float) -> torch.Tensor:
         rows = beyond.nonzero()[:, 0]
         threshold[rows] = _nucleus_threshold(_sorted_descending(probs[rows]), top_p)[0]
     return probs < threshold
-
-
-def select_tokens(processed: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-    """The token each row chooses: argmax of processed logits, plus Gumbel noise when sampling."""
-    return (processed if noise is None else processed + noise).argmax(dim=-1)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from longspec.noise import PositionNoise, gumbel_rows, noise_key
-from longspec.sampling import SamplingConfig, process_logits, select_tokens
+from longspec.noise import PositionNoise, gumbel_at, gumbel_rows, noise_key
+from longspec.sampling import SamplingConfig, process_logits
 
 NEG = float("-inf")
 
@@ -24,11 +24,10 @@ def test_temperature_divides_logits():
     assert torch.allclose(process_logits(x, SamplingConfig(temperature=0.5)), x / 0.5)
 
 
-def test_greedy_returns_raw_logits_and_picks_argmax():
+def test_greedy_returns_raw_logits():
     x = logits()
     out = process_logits(x, SamplingConfig(temperature=0, top_k=3, top_p=0.5))
     assert torch.equal(out, x)
-    assert torch.equal(select_tokens(out, None), x.argmax(-1))
 
 
 def test_top_k_keeps_the_k_largest():
@@ -118,10 +117,29 @@ def test_noise_is_the_same_for_any_batch_of_positions():
     assert torch.equal(together, alone)
 
 
+def test_noise_entries_alone_equal_whole_rows():
+    key = noise_key(11, [3, 1, 4])
+    positions = torch.randint(0, 10**6, (40,), generator=torch.Generator().manual_seed(0))
+    rows = gumbel_rows(key, positions, 49152)
+    for size in (1, 2, 3, 7, 64, 333):
+        pick = torch.randint(0, 40, (size,)), torch.randint(0, 49152, (size,))
+        assert torch.equal(gumbel_at(key, positions[pick[0]], pick[1]), rows[pick])
+
+
+@pytest.mark.parametrize("kept_tokens", [5, 40])
+def test_noise_added_to_a_few_finite_scores_equals_whole_rows(kept_tokens):
+    vocab, noise = 200, PositionNoise(5, [2, 7], 200, CPU)
+    x = logits(n=4, v=vocab)
+    x = x.masked_fill(x < x.topk(kept_tokens, -1).values[:, -1:], NEG)
+    positions = torch.tensor([30, 31, 31, 33])
+    expected = x + gumbel_rows(noise.key, positions, vocab)
+    assert torch.equal(noise.add(x, positions), expected)
+
+
 def test_gumbel_max_samples_follow_softmax():
     x = torch.tensor([[0.0, 1.0, 2.0]])
     noise = PositionNoise(0, [1], 3, CPU)
-    picks = torch.stack([select_tokens(x, noise.rows(t, 1)) for t in range(6000)]).flatten()
+    picks = torch.cat([noise.add(x, torch.tensor([t])).argmax(-1) for t in range(6000)])
     freq = torch.bincount(picks, minlength=3).float() / 6000
     assert torch.allclose(freq, torch.softmax(x[0], -1), atol=0.03)
 
