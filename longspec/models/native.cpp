@@ -1,7 +1,10 @@
 // The decoder layers of a bfloat16 CPU model with int4 weights (transformer.py's Block with
 // attention.py's grouped_attention and linear.py's products), as the same ATen calls in the
 // same order, made from C++: bitwise the Python path's output without its per-call overhead.
-// native.py builds this file and says when it is used; change both paths together.
+// The RMS norms and RoPE are plain loops doing each element's float operations as ATen's
+// kernels round them, their one reduction (the norm's sum) left to ATen. native.py builds this
+// file (without contracting a * b + c into one rounding) and says when it is used; change both
+// paths together.
 
 #include <torch/extension.h>
 
@@ -36,6 +39,62 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
   if (rows >= size) return at::linear(x, weight, bias);
   Tensor padded = at::cat({x, x.new_zeros({size - rows, x.size(1)})});
   return at::linear(padded, weight, bias).index({Slice(None, rows)});
+}
+
+// torch.rms_norm of bfloat16 rows [..., d] (to float32, x * x, mean = sum / d, + eps, rsqrt,
+// * rstd, * weight, to bfloat16) with one framework call, the sum; every other step is one
+// correctly rounded float operation per element, as ATen's kernels make it.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  int64_t d = x.size(-1);
+  Tensor rows = x.contiguous().view({-1, d});
+  int64_t n = rows.size(0);
+  const at::BFloat16* px = rows.const_data_ptr<at::BFloat16>();
+  const at::BFloat16* pw = weight.const_data_ptr<at::BFloat16>();
+  Tensor squares = at::empty({n, d}, rows.options().dtype(at::kFloat));
+  float* ps = squares.data_ptr<float>();
+  for (int64_t i = 0; i < n * d; ++i) {
+    float v = static_cast<float>(px[i]);
+    ps[i] = v * v;
+  }
+  Tensor sums = squares.sum(-1);
+  const float* psum = sums.const_data_ptr<float>();
+  Tensor out = at::empty_like(rows);
+  at::BFloat16* po = out.data_ptr<at::BFloat16>();
+  float epsf = static_cast<float>(eps), df = static_cast<float>(d);
+  for (int64_t r = 0; r < n; ++r) {
+    float rstd = 1.0f / std::sqrt(psum[r] / df + epsf);
+    for (int64_t j = 0; j < d; ++j) {
+      float v = static_cast<float>(px[r * d + j]) * rstd;
+      po[r * d + j] = static_cast<at::BFloat16>(v * static_cast<float>(pw[j]));
+    }
+  }
+  return out.view(x.sizes());
+}
+
+// rope.py's apply_rope, addcmul(x * cos, x.roll(d / 2, -1), sin), on bfloat16 x [q, h, d]
+// (rows may be strided) and cos, sin [q, 1, d]: each product and sum as ATen rounds it.
+Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  int64_t q = x.size(0), h = x.size(1), d = x.size(2), half = d / 2;
+  TORCH_CHECK(x.stride(2) == 1 && cos.is_contiguous() && sin.is_contiguous(),
+              "apply_rope: unexpected layout");
+  Tensor out = at::empty({q, h, d}, x.options());
+  const at::BFloat16* px = x.const_data_ptr<at::BFloat16>();
+  const at::BFloat16* pc = cos.const_data_ptr<at::BFloat16>();
+  const at::BFloat16* pn = sin.const_data_ptr<at::BFloat16>();
+  at::BFloat16* po = out.data_ptr<at::BFloat16>();
+  for (int64_t t = 0; t < q; ++t) {
+    for (int64_t i = 0; i < h; ++i) {
+      const at::BFloat16* row = px + t * x.stride(0) + i * x.stride(1);
+      at::BFloat16* dst = po + (t * h + i) * d;
+      for (int64_t j = 0; j < d; ++j) {
+        float c = static_cast<float>(pc[t * d + j]), s = static_cast<float>(pn[t * d + j]);
+        at::BFloat16 rotated = static_cast<at::BFloat16>(static_cast<float>(row[j]) * c);
+        float partner = static_cast<float>(row[(j + half) % d]);
+        dst[j] = static_cast<at::BFloat16>(static_cast<float>(rotated) + partner * s);
+      }
+    }
+  }
+  return out;
 }
 
 // attention.py's pairwise_sum.
@@ -143,19 +202,17 @@ std::tuple<Tensor, std::vector<Tensor>> layers(Tensor x, const Tensor& cos, cons
     return linear(in, weights[i], scale_zero[i], sizes[i], doubled[i], bias[i]);
   };
   for (size_t l = 0; l < norms.size() / 2; ++l) {
-    Tensor h = at::rms_norm(x, {hidden}, norms[2 * l], eps);
+    Tensor h = rms_norm(x, norms[2 * l], eps);
     Tensor qkv = product(4 * l, h);
     Tensor qk = qkv.index({Slice(), Slice(None, nq + nkv)})
                     .view({q_len, heads + kv_heads, head_dim});
     Tensor v = qkv.index({Slice(), Slice(nq + nkv, None)}).view({q_len, kv_heads, head_dim});
     if (!qk_norms.empty()) {
-      qk = at::cat({at::rms_norm(qk.index({Slice(), Slice(None, heads)}), {head_dim},
-                                 qk_norms[2 * l], eps),
-                    at::rms_norm(qk.index({Slice(), Slice(heads, None)}), {head_dim},
-                                 qk_norms[2 * l + 1], eps)},
+      qk = at::cat({rms_norm(qk.index({Slice(), Slice(None, heads)}), qk_norms[2 * l], eps),
+                    rms_norm(qk.index({Slice(), Slice(heads, None)}), qk_norms[2 * l + 1], eps)},
                    1);
     }
-    qk = at::addcmul(qk * cos, qk.roll({head_dim / 2}, {-1}), sin);
+    qk = apply_rope(qk, cos, sin);
     Tensor q = qk.index({Slice(), Slice(None, heads)});
     Tensor k = qk.index({Slice(), Slice(heads, None)});
     if (want_queries) queries.push_back(q[q_len - 1]);
@@ -164,7 +221,7 @@ std::tuple<Tensor, std::vector<Tensor>> layers(Tensor x, const Tensor& cos, cons
     Tensor out = grouped_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order, bucket,
                                    scale);
     x = x + product(4 * l + 1, out);
-    h = at::rms_norm(x, {hidden}, norms[2 * l + 1], eps);
+    h = rms_norm(x, norms[2 * l + 1], eps);
     Tensor gate_up = product(4 * l + 2, h);
     int64_t half = gate_up.size(1) / 2;
     Tensor gate = gate_up.index({Slice(), Slice(None, half)});

@@ -37,7 +37,7 @@ def _extension() -> ModuleType | None:
               file=sys.stderr, flush=True)
     try:
         return cpp_extension.load("longspec_native", [str(Path(__file__).with_name("native.cpp"))],
-                                  extra_cflags=["-O2"])
+                                  extra_cflags=["-O2", "-ffp-contract=off"])
     except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
         warnings.warn(f"longspec's compiled decoder layers could not be built ({e}); the layers "
                       "run in Python (same tokens, slower on a CPU). Install a C++ compiler "
