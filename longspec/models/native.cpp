@@ -1,8 +1,9 @@
 // The decoder layers of a bfloat16 CPU model with int4 weights (transformer.py's Block with
 // attention.py's grouped_attention and linear.py's products), as the same ATen calls in the
 // same order, made from C++: bitwise the Python path's output without its per-call overhead.
-// The RMS norms and RoPE are plain loops doing each element's float operations as ATen's
-// kernels round them, their one reduction (the norm's sum) left to ATen. native.py builds this
+// The RMS norms, RoPE, attention's score scaling and masking and the sum of its partials are
+// plain loops doing each element's float operations as ATen's kernels round them, the norm's
+// one reduction (its sum) left to ATen. native.py builds this
 // file (without contracting a * b + c into one rounding) and says when it is used; change both
 // paths together.
 
@@ -97,20 +98,72 @@ Tensor apply_rope(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   return out;
 }
 
-// attention.py's pairwise_sum.
-Tensor pairwise_sum(Tensor parts) {
-  int64_t n = parts.size(0);
+// The float32 scores of grouped_attention: the bfloat16 products s [kv, bucket, padded] to
+// float times scale, -inf from slot n on, and the block's mask added, each row's block
+// columns first put in its `order` when given (the Python path's gather); every element one
+// correctly rounded float operation, as ATen's kernels make it.
+Tensor scores(const Tensor& s, double scale, int64_t n, int64_t start, int64_t rows,
+              int64_t q_len, const std::optional<Tensor>& mask,
+              const std::optional<Tensor>& order) {
+  int64_t kv_heads = s.size(0), bucket = s.size(1), padded = s.size(2);
+  Tensor out = at::empty({kv_heads, bucket, padded}, s.options().dtype(at::kFloat));
+  const at::BFloat16* ps = s.const_data_ptr<at::BFloat16>();
+  float* po = out.data_ptr<float>();
+  float scalef = static_cast<float>(scale);
+  for (int64_t i = 0; i < kv_heads * bucket; ++i) {
+    for (int64_t j = 0; j < padded; ++j) {
+      po[i * padded + j] = j < n ? static_cast<float>(ps[i * padded + j]) * scalef : -INFINITY;
+    }
+  }
+  if (!mask) return out;
+  Tensor m = mask->contiguous();
+  const at::BFloat16* pm = m.const_data_ptr<at::BFloat16>();
+  Tensor ord = order ? order->contiguous() : Tensor();
+  const int64_t* pord = order ? ord.const_data_ptr<int64_t>() : nullptr;
+  std::vector<float> block(q_len);
+  for (int64_t h = 0; h < kv_heads; ++h) {
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t t = r % q_len;
+      float* row = po + (h * bucket + r) * padded + start;
+      std::copy(row, row + q_len, block.begin());
+      for (int64_t c = 0; c < q_len; ++c) {
+        int64_t from = pord ? pord[t * q_len + c] : c;
+        row[c] = block[from] + static_cast<float>(pm[t * q_len + from]);
+      }
+    }
+  }
+  return out;
+}
+
+// attention.py's pairwise_sum of the partials [kv, chunks, rows, d] (float32) over the chunks,
+// then to bfloat16 in grouped_attention's output layout [q_len, heads * d] (rows are
+// group x q_len): the same float additions in the same pairs, zero partials included.
+Tensor combine(const Tensor& partials, int64_t q_len) {
+  int64_t kv_heads = partials.size(0), chunks = partials.size(1), rows = partials.size(2);
+  int64_t d = partials.size(3), group = rows / q_len;
   int64_t size = 1;
-  while (size < n) size <<= 1;
-  if (size > n) {
-    std::vector<int64_t> shape = parts.sizes().vec();
-    shape[0] = size - n;
-    parts = at::cat({parts, parts.new_zeros(shape)});
+  while (size < chunks) size <<= 1;
+  Tensor src = partials.contiguous();
+  const float* pp = src.const_data_ptr<float>();
+  Tensor out = at::empty({q_len, kv_heads * group * d}, partials.options().dtype(at::kBFloat16));
+  at::BFloat16* po = out.data_ptr<at::BFloat16>();
+  std::vector<float> sums(size);
+  for (int64_t h = 0; h < kv_heads; ++h) {
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t g = r / q_len, t = r % q_len;
+      for (int64_t j = 0; j < d; ++j) {
+        for (int64_t c = 0; c < size; ++c) {
+          sums[c] = c < chunks ? pp[((h * chunks + c) * rows + r) * d + j] : 0.0f;
+        }
+        for (int64_t width = size; width > 1; width /= 2) {
+          for (int64_t c = 0; c < width / 2; ++c) sums[c] = sums[2 * c] + sums[2 * c + 1];
+        }
+        po[t * kv_heads * group * d + (h * group + g) * d + j] =
+            static_cast<at::BFloat16>(sums[0]);
+      }
+    }
   }
-  while (parts.size(0) > 1) {
-    parts = parts.index({Slice(0, None, 2)}) + parts.index({Slice(1, None, 2)});
-  }
-  return parts[0];
+  return out;
 }
 
 // attention.py's _tree_tail for bfloat16 values.
@@ -146,18 +199,8 @@ Tensor grouped_attention(const Tensor& q, const Tensor& key_buf, const Tensor& v
   if (bucket > rows) qg = at::cat({qg, qg.new_zeros({kv_heads, bucket - rows, d})}, 1);
   Tensor keys = key_buf.as_strided({kv_heads, padded, d}, key_buf.strides());
   Tensor values = value_buf.as_strided({kv_heads, padded, d}, value_buf.strides());
-  Tensor s = at::bmm(qg, keys.transpose(1, 2)).to(at::kFloat).mul_(scale);
-  s.index_put_({"...", Slice(n, None)}, -INFINITY);
-  if (mask) {
-    Tensor block = s.index({Slice(), Slice(None, rows)}).view({kv_heads, group, q_len, padded})
-                       .index({"...", Slice(start, start + q_len)});
-    if (order) {
-      block.copy_(block.gather(-1, order->expand({kv_heads, group, q_len, q_len}))
-                  + mask->gather(-1, *order));
-    } else {
-      block += *mask;
-    }
-  }
+  Tensor s = scores(at::bmm(qg, keys.transpose(1, 2)), scale, n, start, rows, q_len, mask,
+                    order);
   Tensor p = at::softmax(s, -1).to(values.scalar_type());
   std::vector<Tensor> parts;
   if (shared) {
@@ -172,9 +215,7 @@ Tensor grouped_attention(const Tensor& q, const Tensor& key_buf, const Tensor& v
   if (order) {
     parts.push_back(tree_tail(p, values, rows, group, q_len, shared, padded, start, *order));
   }
-  Tensor partials = parts.size() == 1 ? parts[0] : at::cat(parts, 1);
-  return pairwise_sum(partials.transpose(0, 1)).to(q.scalar_type())
-      .view({kv_heads, group, q_len, d}).permute({2, 0, 1, 3}).reshape({q_len, heads * d});
+  return combine(parts.size() == 1 ? parts[0] : at::cat(parts, 1), q_len);
 }
 
 }  // namespace
