@@ -2,10 +2,12 @@
 whatever q is and whatever the other rows hold, so a draft-tree node's logits equal those of
 the same token run alone, and speculation writes exactly what plain decoding writes.
 
-Measured on x86 CPUs with AVX-512 bfloat16 and with AMX (torch 2.13, oneDNN; BENCHMARKS.md):
+Measured on x86 CPUs with AVX-512 bfloat16, with and without AMX (torch 2.13 and 2.15,
+oneDNN; BENCHMARKS.md):
 - bfloat16 `F.linear` (oneDNN brgemm) is row-invariant from 2 to 32 rows. A 1-row product
-  takes another path (with AMX at any K, without it above K = 1024): it runs as two rows.
-  With AMX, products of more than 32 rows sum some rows otherwise: they run in 32-row parts.
+  may take another path (without AMX above K = 1024; with AMX on torch 2.15 at any K): it
+  runs as two rows. With AMX, products of more than 32 rows sum some rows otherwise (K of
+  576 and up): they run in 32-row parts.
   PyTorch runs products of at most 16^3 multiply-adds (rows x K x N) in a plain loop that
   sums in another order (tiny layers): rows are added until a product passes that.
 - float32 `x @ W` and `F.linear` are not (MKL picks kernels by row count: 1-3, 4, 8, >= 12);
