@@ -3,9 +3,8 @@
 // same order, made from C++: bitwise the Python path's output without its per-call overhead.
 // The RMS norms, RoPE, attention's score scaling and masking and the sum of its partials are
 // plain loops doing each element's float operations as ATen's kernels round them, the norm's
-// one reduction (its sum) left to ATen. native.py builds this
-// file (without contracting a * b + c into one rounding) and says when it is used; change both
-// paths together.
+// one reduction (its sum) left to ATen. native.py builds this file (without contracting
+// a * b + c into one rounding) and says when it is used; change both paths together.
 
 #include <torch/extension.h>
 
