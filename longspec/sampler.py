@@ -79,8 +79,9 @@ class Sampler:
             present = self.penalty.presence_after([]).expand(m, -1)
         scores = process_logits(logits, self.config, present)
         if noise and self.noise is not None:
-            positions = torch.arange(m, device=self.device) * (not same_depth)
-            scores = self.noise.add(scores, positions + self.length - 1 + first_depth)
+            depths = (torch.zeros(m, dtype=torch.long, device=self.device) if same_depth
+                      else torch.arange(m, device=self.device))
+            scores = self.noise.add(scores, depths + self.length - 1 + first_depth)
         return scores
 
     def _choose(self, processed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
