@@ -1,8 +1,10 @@
 """The compiled decoder layers (models/native.cpp) against the Python ones, in one process.
 
-One forward of a plain step (1 node) and of an 8-node draft tree over the same cache, the
-model's compiled layers switched off and on in interleaved rounds (this machine is shared:
-only side-by-side ratios mean anything). The logits of both are checked to be equal.
+One forward of a plain step (1 node) and of an 8-node draft tree over the same cache, in
+interleaved rounds (this machine is shared: only side-by-side ratios mean anything): the Python
+layers, the compiled ones with attention as products (the logits checked equal to Python's),
+and the compiled ones with attention as loops (what sequences up to LOOP_CONTEXT use; here at
+every context, to show where they stop paying).
 
     python benchmarks/native_ab.py --model smollm2 --contexts 300,1024,4096
 """
@@ -46,7 +48,8 @@ def main() -> None:
         raise SystemExit(f"{args.model} has no compiled layers (not a quantized CPU model, "
                          "or no compiler; see README)")
     cpu = torch.device("cpu")
-    print("context nodes python_ms compiled_ms compiled/python")
+    print("context nodes python_ms products_ms loops_ms products/python loops/products")
+    variants = {"python": (None, False), "products": (native, False), "loops": (native, True)}
     for context in map(int, args.contexts.split(",")):
         cache = prefilled_cache(model, context, 16)
         for shape in (TreeShape([-1], cpu), TreeShape(TREE, cpu)):
@@ -54,19 +57,21 @@ def main() -> None:
             tokens = torch.randint(0, model.config.vocab_size, (q,))
             mask = shape.mask(model.dtype) if q > 1 else None
             block = (tokens, shape.depth + context, cache, mask)
-            times = {"python": [], "compiled": []}
+            times = {name: [] for name in variants}
             logits = {}
             for _ in range(args.rounds):
-                for name, runs in times.items():
-                    net.native = native if name == "compiled" else None
+                for name, (layers, loops) in variants.items():
+                    net.native = layers
+                    native.loops = loops
                     logits[name] = net(*block).logits
-                    runs.append(median_ms(net, block, args.reps))
+                    times[name].append(median_ms(net, block, args.reps))
             net.native = native
-            assert torch.equal(logits["python"], logits["compiled"])
-            py, comp = statistics.median(times["python"]), statistics.median(times["compiled"])
-            ratio = statistics.median(c / p for p, c in zip(times["python"], times["compiled"]))
-            print(f"{context} {q} {py:.2f} {comp:.2f} {ratio:.3f}", flush=True)
-
+            assert torch.equal(logits["python"], logits["products"])
+            ms = {name: statistics.median(runs) for name, runs in times.items()}
+            ratio = {name: statistics.median(a / b for a, b in zip(times[name], times[base]))
+                     for name, base in (("products", "python"), ("loops", "products"))}
+            print(f"{context} {q} {ms['python']:.2f} {ms['products']:.2f} {ms['loops']:.2f} "
+                  f"{ratio['products']:.3f} {ratio['loops']:.3f}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,10 @@
-"""The compiled decoder layers (models/native.cpp) write exactly what the Python layers write:
-the same logits, queries and cache, bit for bit, for chains and draft trees, for every kind of
-product (Q4_1, Q8_0 as two halves, biases, dense products beside int4 ones) and for Qwen3's
-query and key norms."""
+"""The compiled decoder layers (models/native.cpp), for every kind of product (Q4_1, Q8_0 as two
+halves, biases, dense products beside int4 ones) and for Qwen3's query and key norms:
+- with attention as products (long sequences) they write exactly what the Python layers write:
+  the same logits, queries and cache, bit for bit, for chains and draft trees;
+- with attention as loops (sequences up to LOOP_CONTEXT) every row of a chain or a tree is
+  bitwise what its token gets run alone after its ancestors, and the logits are those of the
+  Python layers within bfloat16 rounding."""
 
 import pytest
 import torch
@@ -10,7 +13,7 @@ from helpers import make_checkpoint
 
 import longspec
 from longspec.cache import StaticCache
-from longspec.models.native import _extension
+from longspec.models.native import LOOP_CONTEXT, _extension
 from longspec.models.prefill import prefill
 from longspec.tree import TreeShape
 
@@ -41,25 +44,96 @@ def forward(model, cache, tokens, positions, mask):
     return out.logits, out.queries, [t.clone() for t in cache.k + cache.v]
 
 
-@pytest.mark.parametrize("family", ["llama-q4_1", "llama-q8_0", "qwen2", "qwen3"])
+FAMILIES = ["llama-q4_1", "llama-q8_0", "qwen2", "qwen3"]
+CONTEXT = 300                    # past one attention chunk
+
+
+def prefilled(model, seq_len: int, seed: int = 0) -> StaticCache:
+    model.net.set_context(seq_len)
+    cache = StaticCache(model.config, CONTEXT + 40, model.dtype, "cpu")
+    prompt = torch.randint(0, 320, (CONTEXT,), generator=torch.Generator().manual_seed(seed))
+    prefill(model.net, prompt, cache, 0)
+    return cache
+
+
+def blocks():
+    """(tokens, shape) of chains of 1, 2, 5, 16 and 40 tokens and a draft tree."""
+    tokens = torch.randint(0, 320, (40,), generator=torch.Generator().manual_seed(1))
+    shapes = [TreeShape.chain(q - 1, torch.device("cpu")) for q in (1, 2, 5, 16, 40)]
+    shapes.append(TreeShape([-1, 0, 0, 1, 1, 2, 4, 4, 6, 3], torch.device("cpu")))
+    return [(tokens[:len(shape.depth)], shape) for shape in shapes]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_compiled_layers_equal_the_python_layers_bitwise(tmp_path, monkeypatch, family):
     compiled, python = int4_models(tmp_path, family, monkeypatch)
-    context = 300                    # past one attention chunk
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, 320, (context,), generator=g)
-    caches = []
-    for model in (compiled, python):
-        model.net.set_context(context + 40)
-        cache = StaticCache(model.config, context + 40, model.dtype, "cpu")
-        prefill(model.net, prompt, cache, 0)
-        caches.append(cache)
-    tokens = torch.randint(0, 320, (40,), generator=g)
-    trees = [TreeShape.chain(q - 1, torch.device("cpu")) for q in (1, 2, 5, 16, 40)]
-    trees.append(TreeShape([-1, 0, 0, 1, 1, 2, 4, 4, 6, 3], torch.device("cpu")))
-    for shape in trees:
+    caches = [prefilled(model, LOOP_CONTEXT + 1) for model in (compiled, python)]
+    assert not compiled.net.native.loops
+    for tokens, shape in blocks():
         q = len(shape.depth)
-        block = (tokens[:q], shape.depth + context, shape.mask(torch.bfloat16))
+        block = (tokens, shape.depth + CONTEXT, shape.mask(torch.bfloat16))
         ours, theirs = (forward(m, c, *block) for m, c in zip((compiled, python), caches))
         assert torch.equal(ours[0], theirs[0]), f"logits differ for {q} nodes"
         assert all(map(torch.equal, ours[1], theirs[1])), f"queries differ for {q} nodes"
         assert all(map(torch.equal, ours[2], theirs[2])), f"caches differ for {q} nodes"
+
+
+def alone(model, cache, tokens: list[int]) -> torch.Tensor:
+    """Logits [len(tokens), vocab] of the tokens run one at a time after the context."""
+    rows = []
+    for i, token in enumerate(tokens):
+        rows.append(model.net(torch.tensor([token]), torch.tensor([CONTEXT + i]), cache).logits[0])
+        cache.commit(1)
+    cache.rollback(CONTEXT)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loop_attention_rows_equal_tokens_run_alone(tmp_path, monkeypatch, family):
+    compiled, python = int4_models(tmp_path, family, monkeypatch)
+    reference = longspec.load_model(tmp_path / "m.gguf", device="cpu", dtype="float32",
+                                    dequantize=True) if family.startswith("llama") else None
+    reference = reference or longspec.load_model(tmp_path / "hf", device="cpu", dtype="float32")
+    caches = [prefilled(model, CONTEXT + 40) for model in (compiled, python, reference)]
+    # the loops take head sizes in whole vectors of 16 (the tiny Qwen3's 24 runs the products)
+    assert compiled.net.native.loops == (compiled.config.head_dim % 16 == 0)
+    cache = caches[0]
+    for tokens, shape in blocks():
+        q = len(shape.depth)
+        out = compiled.net(tokens, shape.depth + CONTEXT, cache, shape.mask(torch.bfloat16))
+        for node in range(q):
+            path = [int(n) for n in shape.paths[node] if n >= 0]
+            ref = alone(compiled, cache, tokens[path].tolist())[-1]
+            assert torch.equal(out.logits[node], ref), f"node {node} of {q} differs"
+        # against float32 on the same weights, no further off than the product path's logits,
+        # give or take what rounding in another order adds
+        theirs = python.net(tokens, shape.depth + CONTEXT, caches[1], shape.mask(torch.bfloat16))
+        exact = reference.net(tokens, shape.depth + CONTEXT, caches[2],
+                              shape.mask(torch.float32)).logits
+        ours_error = (out.logits.float() - exact).abs().max()
+        assert ours_error <= 2 * (theirs.logits.float() - exact).abs().max(), f"{q} nodes"
+
+
+def test_loop_attention_prefill_writes_the_cache_decoding_writes(tmp_path, monkeypatch):
+    compiled, _ = int4_models(tmp_path, "llama-q4_1", monkeypatch)
+    cache = prefilled(compiled, CONTEXT + 40)
+    tokens = torch.randint(0, 320, (CONTEXT,), generator=torch.Generator().manual_seed(0))
+    one_by_one = StaticCache(compiled.config, CONTEXT + 40, compiled.dtype, "cpu")
+    for i, token in enumerate(tokens.tolist()):
+        compiled.net(torch.tensor([token]), torch.tensor([i]), one_by_one)
+        one_by_one.commit(1)
+    assert all(torch.equal(a[:, :CONTEXT], b[:, :CONTEXT])
+               for a, b in zip(cache.k + cache.v, one_by_one.k + one_by_one.v))
+
+
+def test_loop_attention_resume_equals_the_uninterrupted_run(tmp_path, monkeypatch):
+    # a resumed run prefills the tokens the interrupted one decoded: the same cache
+    compiled, _ = int4_models(tmp_path, "llama-q4_1", monkeypatch)
+    kwargs = {"max_new_tokens": 40, "method": "ar", "seed": 3, "ignore_eos": True,
+              "sampling": longspec.SamplingConfig(temperature=0.8, top_p=0.9)}
+    ref = longspec.generate(compiled, list(range(3, 60)), **kwargs)
+    assert compiled.net.native.loops
+    for k in (1, 17, 39):
+        res = longspec.generate(compiled, list(range(3, 60)), resume_from=ref.token_ids[:k],
+                                **kwargs)
+        assert res.token_ids == ref.token_ids, k

@@ -3,12 +3,17 @@
 // same order, made from C++: bitwise the Python path's output without its per-call overhead.
 // The RMS norms, RoPE, attention's score scaling and masking and the sum of its partials are
 // plain loops doing each element's float operations as ATen's kernels round them, the norm's
-// one reduction (its sum) left to ATen. native.py builds this file (without contracting
-// a * b + c into one rounding) and says when it is used; change both paths together.
+// one reduction (its sum) left to ATen. For short sequences attention runs as loops instead
+// (loop_attention, below; native.py says when). native.py builds this file (without
+// contracting a * b + c into one rounding) and says when it is used; change both paths
+// together.
 
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
+
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -217,6 +222,195 @@ Tensor grouped_attention(const Tensor& q, const Tensor& key_buf, const Tensor& v
   return combine(parts.size() == 1 ? parts[0] : at::cat(parts, 1), q_len);
 }
 
+
+// Attention of a decoding block (a chain or a draft tree) as loops, each query row alone: a
+// row's scores, probabilities and output depend on its own query and keys only, never on the
+// block around it, so a tree node gets bitwise what its token gets run alone after its
+// ancestors. Row (t, head) reads its logical keys in order: slots [0, start), its block slots
+// in `order` (ancestors first, by depth; the mask added), then slots [start + q_len, n).
+// Scores: q.k in float32, each of 16 lanes summing every 16th product in turn, the lanes then
+// pairwise, times scale; the softmax is ATen's over rows padded with -inf to whole chunks (as
+// grouped_attention's); the output sums p * v in float32 over the keys in logical order,
+// skipping p == 0. Rows run in parallel. Two small bfloat16 products through oneDNN cost
+// ~25 us each a layer whatever their size.
+constexpr int64_t LANES = 16;
+typedef float lanes_t __attribute__((vector_size(LANES * sizeof(float))));
+typedef uint16_t half_lanes_t __attribute__((vector_size(LANES * sizeof(uint16_t))));
+typedef uint32_t bits_t __attribute__((vector_size(LANES * sizeof(uint32_t))));
+
+inline lanes_t load_lanes(const at::BFloat16* src) {
+  half_lanes_t h;
+  std::memcpy(&h, src, sizeof(h));
+  bits_t bits = __builtin_convertvector(h, bits_t) << 16;
+  lanes_t out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+inline lanes_t load_lanes(const float* src) {
+  lanes_t out;
+  std::memcpy(&out, src, sizeof(out));
+  return out;
+}
+
+// The dot products q_r . k (q float rows of d, a multiple of LANES; k bfloat16) of R = 1 or
+// 4 rows into out[r]: lane l sums q[i] k[i] for i = l, l + 16, ... in turn, then lanes l and
+// l + 8 are added, then l and l + 4, l and l + 2, l and l + 1. Four rows at once give the same
+// sums, their lanes packed into fewer vectors.
+template <int R>
+inline void dots(const float* q, int64_t d, const at::BFloat16* k, float* out) {
+  lanes_t acc[R] = {};
+  for (int64_t i = 0; i < d; i += LANES) {
+    lanes_t key = load_lanes(k + i);
+    for (int r = 0; r < R; ++r) acc[r] += load_lanes(q + r * d + i) * key;
+  }
+  if constexpr (R == 1) {
+    lanes_t a = acc[0];
+    a += __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+    a += __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    a += __builtin_shufflevector(a, a, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    a += __builtin_shufflevector(a, a, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    out[0] = a[0];
+  } else {
+    static_assert(R == 4, "dots: 1 or 4 rows");
+    // [rows 0, 1 | 8 lanes each], [rows 2, 3 | 8 lanes each]
+    lanes_t x01 = __builtin_shufflevector(acc[0], acc[1], 0, 1, 2, 3, 4, 5, 6, 7,
+                                          16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(acc[0], acc[1], 8, 9, 10, 11, 12, 13, 14, 15,
+                                          24, 25, 26, 27, 28, 29, 30, 31);
+    lanes_t x23 = __builtin_shufflevector(acc[2], acc[3], 0, 1, 2, 3, 4, 5, 6, 7,
+                                          16, 17, 18, 19, 20, 21, 22, 23) +
+                  __builtin_shufflevector(acc[2], acc[3], 8, 9, 10, 11, 12, 13, 14, 15,
+                                          24, 25, 26, 27, 28, 29, 30, 31);
+    // [rows 0..3 | 4 lanes each]
+    lanes_t y = __builtin_shufflevector(x01, x23, 0, 1, 2, 3, 8, 9, 10, 11,
+                                        16, 17, 18, 19, 24, 25, 26, 27) +
+                __builtin_shufflevector(x01, x23, 4, 5, 6, 7, 12, 13, 14, 15,
+                                        20, 21, 22, 23, 28, 29, 30, 31);
+    // [rows 0..3 | 2 lanes each], then 1
+    lanes_t z = __builtin_shufflevector(y, y, 0, 1, 4, 5, 8, 9, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0) +
+                __builtin_shufflevector(y, y, 2, 3, 6, 7, 10, 11, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+    lanes_t w = __builtin_shufflevector(z, z, 0, 2, 4, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0) +
+                __builtin_shufflevector(z, z, 1, 3, 5, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int r = 0; r < 4; ++r) out[r] = w[r];
+  }
+}
+
+inline float dot(const float* q, const at::BFloat16* k, int64_t d) {
+  float out;
+  dots<1>(q, d, k, &out);
+  return out;
+}
+
+// acc_r += w_r * v (bfloat16) for R rows of acc (d apart), skipping w_r == 0
+template <int R>
+inline void add_scaled(float* acc, const float* w, const at::BFloat16* v, int64_t d) {
+  for (int64_t i = 0; i < d; i += LANES) {
+    lanes_t value = load_lanes(v + i);
+    for (int r = 0; r < R; ++r) {
+      if (w[r] == 0.0f) continue;
+      lanes_t sum = load_lanes(acc + r * d + i) + w[r] * value;
+      std::memcpy(acc + r * d + i, &sum, sizeof(sum));
+    }
+  }
+}
+
+// keys to a tile: a tile's keys are read from memory once for all the rows of a head
+constexpr int64_t TILE = 64;
+
+Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& value_buf,
+                        int64_t start, int64_t n, const std::optional<Tensor>& mask,
+                        const std::optional<Tensor>& order, double scale) {
+  int64_t q_len = q.size(0), heads = q.size(1), d = q.size(2);
+  int64_t kv_heads = key_buf.size(0), rows = heads / kv_heads * q_len;   // rows of a head
+  int64_t padded = (n + CHUNK - 1) / CHUNK * CHUNK, end = start + q_len;
+  int64_t tiles = (n + TILE - 1) / TILE;
+  TORCH_CHECK(d % LANES == 0 && q.stride(2) == 1 && key_buf.stride(2) == 1 &&
+              value_buf.stride(2) == 1, "loop_attention: unexpected layout");
+  const at::BFloat16* pk = key_buf.const_data_ptr<at::BFloat16>();
+  const at::BFloat16* pv = value_buf.const_data_ptr<at::BFloat16>();
+  int64_t ks = key_buf.stride(1), vs = value_buf.stride(1);
+  Tensor m = mask ? mask->contiguous() : Tensor();
+  const at::BFloat16* pm = mask ? m.const_data_ptr<at::BFloat16>() : nullptr;
+  Tensor ord = order ? order->contiguous() : Tensor();
+  const int64_t* pord = order ? ord.const_data_ptr<int64_t>() : nullptr;
+  auto block_slot = [&](int64_t t, int64_t c) { return pord ? pord[t * q_len + c] : c; };
+  // row (query head hq, token t) is row hq * q_len + t: head h's rows are [h * rows, +rows)
+  // (and 3 zero rows after the last, so that rows go four at a time)
+  Tensor qf = at::cat({q.to(at::kFloat).transpose(0, 1).reshape({heads * q_len, d}),
+                       at::zeros({3, d}, q.options().dtype(at::kFloat))});
+  const float* pq = qf.const_data_ptr<float>();
+  Tensor s = at::empty({heads * q_len, padded}, q.options().dtype(at::kFloat));
+  float* ps = s.data_ptr<float>();
+  float scalef = static_cast<float>(scale);
+  // scores of the slots outside the block, a (head, tile) at a time
+  at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t first, int64_t last) {
+    for (int64_t unit = first; unit < last; ++unit) {
+      int64_t h = unit / tiles, from = unit % tiles * TILE, to = std::min(from + TILE, n);
+      const at::BFloat16* keys = pk + h * key_buf.stride(0);
+      for (int64_t j = from; j < to; ++j) {
+        if (pord && j >= start && j < end) continue;
+        for (int64_t r = h * rows; r < (h + 1) * rows; r += 4) {
+          float four[4];
+          dots<4>(pq + r * d, d, keys + j * ks, four);
+          for (int64_t i = 0; i < std::min<int64_t>(4, (h + 1) * rows - r); ++i)
+            ps[(r + i) * padded + j] = four[i] * scalef;
+        }
+      }
+    }
+  });
+  // the block's scores in each row's order (a chain's are in place already), the mask added
+  at::parallel_for(0, heads * q_len, 1, [&](int64_t first, int64_t last) {
+    for (int64_t row = first; row < last; ++row) {
+      int64_t t = row % q_len;
+      const at::BFloat16* keys = pk + row / rows * key_buf.stride(0);
+      float* out = ps + row * padded;
+      for (int64_t c = 0; pm && c < q_len; ++c) {
+        int64_t from = block_slot(t, c);
+        float add = static_cast<float>(pm[t * q_len + from]);
+        if (add == -INFINITY) {
+          out[start + c] = -INFINITY;
+        } else {
+          float v = pord ? dot(pq + row * d, keys + (start + from) * ks, d) * scalef
+                         : out[start + c];
+          out[start + c] = v + add;
+        }
+      }
+      std::fill(out + n, out + padded, -INFINITY);
+    }
+  });
+  Tensor p = at::softmax(s, -1);
+  const float* pp = p.const_data_ptr<float>();
+  // each chunk's partial outputs, a (head, chunk, four rows) at a time; then their pairwise sum
+  int64_t chunks = padded / CHUNK, blocks = (rows + 3) / 4;
+  Tensor partials = at::zeros({kv_heads, chunks, rows, d}, q.options().dtype(at::kFloat));
+  float* pout = partials.data_ptr<float>();
+  at::parallel_for(0, kv_heads * chunks * blocks, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> acc(4 * d);
+    for (int64_t unit = first; unit < last; ++unit) {
+      int64_t h = unit / (chunks * blocks), chunk = unit / blocks % chunks;
+      int64_t r0 = h * rows + unit % blocks * 4, r1 = std::min(r0 + 4, (h + 1) * rows);
+      const at::BFloat16* values = pv + h * value_buf.stride(0);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float w[4] = {};
+      for (int64_t j = chunk * CHUNK; j < std::min((chunk + 1) * CHUNK, n); ++j) {
+        if (!pord || j < start || j >= end) {
+          for (int64_t row = r0; row < r1; ++row) w[row - r0] = pp[row * padded + j];
+          add_scaled<4>(acc.data(), w, values + j * vs, d);
+          continue;
+        }
+        for (int64_t row = r0; row < r1; ++row)
+          add_scaled<1>(acc.data() + (row - r0) * d, pp + row * padded + j,
+                        values + (start + block_slot(row % q_len, j - start)) * vs, d);
+      }
+      for (int64_t row = r0; row < r1; ++row)
+        std::copy(acc.begin() + (row - r0) * d, acc.begin() + (row - r0 + 1) * d,
+                  pout + ((h * chunks + chunk) * rows + row - h * rows) * d);
+    }
+  });
+  return combine(partials, q_len);
+}
+
 }  // namespace
 
 // Every layer over x [q, hidden]: products l*4 .. l*4+3 of layer l are its q|k|v, output,
@@ -234,7 +428,7 @@ std::tuple<Tensor, std::vector<Tensor>> layers(Tensor x, const Tensor& cos, cons
               int64_t start, int64_t n, const std::optional<Tensor>& mask,
               const std::optional<Tensor>& order, int64_t heads,
               int64_t kv_heads, int64_t head_dim, int64_t bucket, double eps, double scale,
-              bool want_queries) {
+              bool want_queries, bool loops) {
   int64_t q_len = x.size(0), hidden = x.size(1);
   std::vector<Tensor> queries;
   int64_t nq = heads * head_dim, nkv = kv_heads * head_dim;
@@ -258,8 +452,10 @@ std::tuple<Tensor, std::vector<Tensor>> layers(Tensor x, const Tensor& cos, cons
     if (want_queries) queries.push_back(q[q_len - 1]);
     key_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(k.transpose(0, 1));
     value_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(v.transpose(0, 1));
-    Tensor out = grouped_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order, bucket,
-                                   scale);
+    Tensor out = loops ? loop_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order,
+                                        scale)
+                       : grouped_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order,
+                                           bucket, scale);
     x = x + product(4 * l + 1, out);
     h = rms_norm(x, norms[2 * l + 1], eps);
     Tensor gate_up = product(4 * l + 2, h);

@@ -4,11 +4,18 @@ A decoding step of SmolLM2-135M makes ~2,000 framework calls, most of them views
 casts of a microsecond or two of work, and from Python each costs more than its work: a step's
 products take ~6 ms of its ~18 (BENCHMARKS.md). native.cpp makes the same ATen calls in the same
 order from C++ (`Block.forward` with `grouped_attention`, chains and draft trees alike), so its
-output is bitwise the Python path's (tests/test_native.py) at ~0.7× the time of a step.
+output is bitwise the Python path's (tests/test_native.py) at ~0.6× the time of a step.
+
+For generations of up to LOOP_CONTEXT positions, attention runs as native.cpp's loops instead
+(`loop_attention`): two small bfloat16 products cost ~25 us each a layer through oneDNN whatever
+their size, the loops a few at short contexts. Every forward of such a generation (prefill,
+decoding, drafts) takes them, so the prompt's cache is what decoding would write and every row is
+what its token gets alone; their output is within bfloat16 rounding of the Python path's, not
+bitwise it.
 
 It is compiled on first use against the installed PyTorch (torch.utils.cpp_extension; ~40 s once,
-then cached in PyTorch's extensions directory). Without a C++ compiler, or with
-LONGSPEC_NATIVE=0 in the environment, the layers run in Python, with the same output.
+then cached in PyTorch's extensions directory, one build per CPU instruction set). Without a C++
+compiler, or with LONGSPEC_NATIVE=0 in the environment, the layers run in Python.
 """
 
 from __future__ import annotations
@@ -25,19 +32,35 @@ import torch
 from ..cache.base import CHUNK, AttentionPlan, KVCache
 from .linear import Int4Linear, min_rows
 
+# Longest sequence whose attention runs as native.cpp's loops: below it they cost less than
+# oneDNN's products (a fixed ~25 us a product), above it more (BENCHMARKS.md)
+LOOP_CONTEXT = 2048
+
+
+# The vector instructions the build may use, by what PyTorch found this CPU to have. The loops'
+# results do not depend on them (GCC vectors, each lane's operations in a fixed order, nothing
+# contracted into fused multiply-adds); the build's name does, so that a build directory shared
+# by machines with other CPUs never runs one's instructions on the other.
+ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma"],
+             "AVX2": ["-mavx2", "-mfma"]}
+
 
 @functools.cache
 def _extension() -> ModuleType | None:
     """The compiled module, or None (with one warning saying why) where it cannot be built."""
     from torch.utils import cpp_extension
+    capability = torch.backends.cpu.get_cpu_capability()
+    name = f"longspec_native_{capability.lower()}"
     # where `load` keeps the build (the one place that knows its layout, though private)
-    build = Path(cpp_extension._get_build_directory("longspec_native", verbose=False))
-    if not (build / "longspec_native.so").exists():
+    build = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if not (build / f"{name}.so").exists():
         print("longspec: compiling the decoder layers for quantized models (once, ~40 s)",
               file=sys.stderr, flush=True)
     try:
-        return cpp_extension.load("longspec_native", [str(Path(__file__).with_name("native.cpp"))],
-                                  extra_cflags=["-O2", "-ffp-contract=off"])
+        return cpp_extension.load(
+            name, [str(Path(__file__).with_name("native.cpp"))],
+            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *ISA_FLAGS.get(capability, [])],
+            extra_ldflags=["-fopenmp"])
     except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
         warnings.warn(f"longspec's compiled decoder layers could not be built ({e}); the layers "
                       "run in Python (same tokens, slower on a CPU). Install a C++ compiler "
@@ -73,6 +96,12 @@ class NativeLayers:
         self.bias = [p.bias for p in products]
         self.bucket_rows = min_rows(c.head_dim, CHUNK)
         self.scale = c.head_dim ** -0.5
+        self.loops = False
+
+    def set_context(self, seq_len: int) -> None:
+        """Attention as loops for sequences of up to LOOP_CONTEXT positions, else as
+        products (every forward of a generation the same way: prefill, decoding, drafts)."""
+        self.loops = seq_len <= LOOP_CONTEXT and self.config.head_dim % 16 == 0
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                  plan: AttentionPlan, queries: bool
@@ -83,7 +112,7 @@ class NativeLayers:
             x, cos, sin, self.norms, self.qk_norms, self.weights, self.scale_zero, self.sizes,
             self.doubled, self.bias, cache.k, cache.v, plan.start, plan.n_keys, plan.block_mask,
             plan.block_order, c.num_heads, c.num_kv_heads, c.head_dim, max(rows, self.bucket_rows),
-            c.rms_norm_eps, self.scale, queries)
+            c.rms_norm_eps, self.scale, queries, self.loops)
         return out, last_queries if queries else None
 
 

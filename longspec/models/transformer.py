@@ -115,11 +115,14 @@ class Transformer(nn.Module):
         return self.embed.device
 
     def set_context(self, seq_len: int) -> None:
-        """Fix the RoPE table for sequences of up to `seq_len` positions."""
+        """Fix the RoPE table, and the compiled layers' attention, for sequences of up to
+        `seq_len` positions."""
         inv_freq, scale = rope_frequencies(self.config.rope, self.config.head_dim,
                                            self.config.max_positions, seq_len)
         self.inv_freq = inv_freq.to(self.device)
         self.rope_scale = scale
+        if self.native is not None:
+            self.native.set_context(seq_len)
 
     def rotate_keys(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
         """Cached keys [kv_heads, n, head_dim] moved by `delta` positions (a pure rotation:
