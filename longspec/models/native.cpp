@@ -315,6 +315,20 @@ inline void add_scaled(float* acc, const float* w, const at::BFloat16* v, int64_
   }
 }
 
+// A float32 buffer of this shape, reused across calls while it stays under SCRATCH_FLOATS
+// (a decoding step's scores: fresh allocations of this size cost page faults every call).
+// Every element is written before it is read.
+constexpr int64_t SCRATCH_FLOATS = 1 << 20;
+
+Tensor scratch(int slot, at::IntArrayRef shape) {
+  thread_local std::vector<float> buffers[3];
+  int64_t size = c10::multiply_integers(shape);
+  if (size > SCRATCH_FLOATS) return at::empty(shape, at::kFloat);
+  std::vector<float>& buffer = buffers[slot];
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return at::from_blob(buffer.data(), shape, at::kFloat);
+}
+
 // keys to a tile: a tile's keys are read from memory once for all the rows of a head
 constexpr int64_t TILE = 64;
 
@@ -340,7 +354,7 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   Tensor qf = at::cat({q.to(at::kFloat).transpose(0, 1).reshape({heads * q_len, d}),
                        at::zeros({3, d}, q.options().dtype(at::kFloat))});
   const float* pq = qf.const_data_ptr<float>();
-  Tensor s = at::empty({heads * q_len, padded}, q.options().dtype(at::kFloat));
+  Tensor s = scratch(0, {heads * q_len, padded});
   float* ps = s.data_ptr<float>();
   float scalef = static_cast<float>(scale);
   // scores of the slots outside the block, a (head, tile) at a time
@@ -379,11 +393,12 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       std::fill(out + n, out + padded, -INFINITY);
     }
   });
-  Tensor p = at::softmax(s, -1);
+  Tensor p = scratch(1, {heads * q_len, padded});
+  at::_softmax_out(p, s, -1, false);
   const float* pp = p.const_data_ptr<float>();
   // each chunk's partial outputs, a (head, chunk, four rows) at a time; then their pairwise sum
   int64_t chunks = padded / CHUNK, blocks = (rows + 3) / 4;
-  Tensor partials = at::zeros({kv_heads, chunks, rows, d}, q.options().dtype(at::kFloat));
+  Tensor partials = scratch(2, {kv_heads, chunks, rows, d});
   float* pout = partials.data_ptr<float>();
   at::parallel_for(0, kv_heads * chunks * blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<float> acc(4 * d);
