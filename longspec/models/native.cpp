@@ -258,7 +258,8 @@ inline lanes_t load_lanes(const float* src) {
 // l + 8 are added, then l and l + 4, l and l + 2, l and l + 1. Four rows at once give the same
 // sums, their lanes packed into fewer vectors.
 template <int R>
-inline void dots(const float* q, int64_t d, const at::BFloat16* k, float* out) {
+[[gnu::always_inline]] inline void dots(const float* q, int64_t d, const at::BFloat16* k,
+                                        float* out) {
   lanes_t acc[R] = {};
   for (int64_t i = 0; i < d; i += LANES) {
     lanes_t key = load_lanes(k + i);
@@ -304,7 +305,8 @@ inline float dot(const float* q, const at::BFloat16* k, int64_t d) {
 
 // acc_r += w_r * v (bfloat16) for R rows of acc (d apart), skipping w_r == 0
 template <int R>
-inline void add_scaled(float* acc, const float* w, const at::BFloat16* v, int64_t d) {
+[[gnu::always_inline]] inline void add_scaled(float* acc, const float* w, const at::BFloat16* v,
+                                              int64_t d) {
   for (int64_t i = 0; i < d; i += LANES) {
     lanes_t value = load_lanes(v + i);
     for (int r = 0; r < R; ++r) {
@@ -328,6 +330,35 @@ Tensor scratch(int slot, at::IntArrayRef shape) {
   if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
   return at::from_blob(buffer.data(), shape, at::kFloat);
 }
+
+// The scores of keys [j0, j1) for `count` (at most 4) query rows from q (rows d apart, 4 of
+// them readable) into out (rows `stride` apart), times scale; D: d known when compiled (0: not).
+template <int64_t D>
+void score_keys(const float* __restrict__ q, int64_t d, const at::BFloat16* __restrict__ keys,
+                int64_t ks, int64_t j0, int64_t j1, float* __restrict__ out, int64_t stride,
+                int64_t count, float scale) {
+  for (int64_t j = j0; j < j1; ++j) {
+    float four[4];
+    dots<4>(q, D ? D : d, keys + j * ks, four);
+    for (int64_t i = 0; i < count; ++i) out[i * stride + j] = four[i] * scale;
+  }
+}
+
+// acc (4 rows of d) += p * v over keys [j0, j1), in order, for `count` rows of probabilities
+// (rows `stride` apart), skipping p == 0; D as for score_keys.
+template <int64_t D>
+void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64_t stride,
+                     int64_t count, const at::BFloat16* __restrict__ values, int64_t vs,
+                     int64_t j0, int64_t j1, int64_t d) {
+  for (int64_t j = j0; j < j1; ++j) {
+    float w[4] = {};
+    for (int64_t i = 0; i < count; ++i) w[i] = p[i * stride + j];
+    add_scaled<4>(acc, w, values + j * vs, D ? D : d);
+  }
+}
+
+using ScoreKeys = decltype(&score_keys<0>);
+using AccumulateKeys = decltype(&accumulate_keys<0>);
 
 // keys to a tile: a tile's keys are read from memory once for all the rows of a head
 constexpr int64_t TILE = 64;
@@ -357,18 +388,26 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   Tensor s = scratch(0, {heads * q_len, padded});
   float* ps = s.data_ptr<float>();
   float scalef = static_cast<float>(scale);
+  ScoreKeys score = d == 64 ? score_keys<64> : d == 128 ? score_keys<128> : score_keys<0>;
+  AccumulateKeys accumulate = d == 64    ? accumulate_keys<64>
+                              : d == 128 ? accumulate_keys<128>
+                                         : accumulate_keys<0>;
   // scores of the slots outside the block, a (head, tile) at a time
   at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t first, int64_t last) {
     for (int64_t unit = first; unit < last; ++unit) {
       int64_t h = unit / tiles, from = unit % tiles * TILE, to = std::min(from + TILE, n);
       const at::BFloat16* keys = pk + h * key_buf.stride(0);
-      for (int64_t j = from; j < to; ++j) {
-        if (pord && j >= start && j < end) continue;
-        for (int64_t r = h * rows; r < (h + 1) * rows; r += 4) {
-          float four[4];
-          dots<4>(pq + r * d, d, keys + j * ks, four);
-          for (int64_t i = 0; i < std::min<int64_t>(4, (h + 1) * rows - r); ++i)
-            ps[(r + i) * padded + j] = four[i] * scalef;
+      for (int64_t r = h * rows; r < (h + 1) * rows; r += 4) {
+        int64_t count = std::min<int64_t>(4, (h + 1) * rows - r);
+        auto run = [&](int64_t j0, int64_t j1) {
+          if (j0 < j1) score(pq + r * d, d, keys, ks, j0, j1, ps + r * padded, padded, count,
+                             scalef);
+        };
+        if (pord) {
+          run(from, std::min(to, start));
+          run(std::max(from, end), to);
+        } else {
+          run(from, to);
         }
       }
     }
@@ -407,16 +446,20 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       int64_t r0 = h * rows + unit % blocks * 4, r1 = std::min(r0 + 4, (h + 1) * rows);
       const at::BFloat16* values = pv + h * value_buf.stride(0);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      float w[4] = {};
-      for (int64_t j = chunk * CHUNK; j < std::min((chunk + 1) * CHUNK, n); ++j) {
-        if (!pord || j < start || j >= end) {
-          for (int64_t row = r0; row < r1; ++row) w[row - r0] = pp[row * padded + j];
-          add_scaled<4>(acc.data(), w, values + j * vs, d);
-          continue;
-        }
-        for (int64_t row = r0; row < r1; ++row)
-          add_scaled<1>(acc.data() + (row - r0) * d, pp + row * padded + j,
-                        values + (start + block_slot(row % q_len, j - start)) * vs, d);
+      int64_t c0 = chunk * CHUNK, c1 = std::min((chunk + 1) * CHUNK, n);
+      auto run = [&](int64_t j0, int64_t j1) {
+        if (j0 < j1)
+          accumulate(acc.data(), pp + r0 * padded, padded, r1 - r0, values, vs, j0, j1, d);
+      };
+      if (!pord) {
+        run(c0, c1);
+      } else {
+        run(c0, std::min(c1, start));
+        for (int64_t j = std::max(c0, start); j < std::min(c1, end); ++j)
+          for (int64_t row = r0; row < r1; ++row)
+            add_scaled<1>(acc.data() + (row - r0) * d, pp + row * padded + j,
+                          values + (start + block_slot(row % q_len, j - start)) * vs, d);
+        run(std::max(c0, end), c1);
       }
       for (int64_t row = r0; row < r1; ++row)
         std::copy(acc.begin() + (row - r0) * d, acc.begin() + (row - r0 + 1) * d,
