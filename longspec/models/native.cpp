@@ -230,9 +230,10 @@ Tensor grouped_attention(const Tensor& q, const Tensor& key_buf, const Tensor& v
 // in `order` (ancestors first, by depth; the mask added), then slots [start + q_len, n).
 // Scores: q.k in float32, each of 16 lanes summing every 16th product in turn, the lanes then
 // pairwise, times scale; the softmax is ATen's over rows padded with -inf to whole chunks (as
-// grouped_attention's); the output sums p * v in float32 over the keys in logical order,
-// skipping p == 0. Rows run in parallel. Two small bfloat16 products through oneDNN cost
-// ~25 us each a layer whatever their size.
+// grouped_attention's); the output sums p * v in float32 over each CHUNK of logical columns
+// in order, skipping p == 0, and the chunks' partials pairwise (combine, as grouped_attention).
+// Heads, key tiles and chunks run in parallel. Two small bfloat16 products through oneDNN
+// cost ~25 us each a layer whatever their size.
 constexpr int64_t LANES = 16;
 typedef float lanes_t __attribute__((vector_size(LANES * sizeof(float))));
 typedef uint16_t half_lanes_t __attribute__((vector_size(LANES * sizeof(uint16_t))));
@@ -364,8 +365,8 @@ using AccumulateKeys = decltype(&accumulate_keys<0>);
 constexpr int64_t TILE = 64;
 
 Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& value_buf,
-                        int64_t start, int64_t n, const std::optional<Tensor>& mask,
-                        const std::optional<Tensor>& order, double scale) {
+                      int64_t start, int64_t n, const std::optional<Tensor>& mask,
+                      const std::optional<Tensor>& order, double scale) {
   int64_t q_len = q.size(0), heads = q.size(1), d = q.size(2);
   int64_t kv_heads = key_buf.size(0), rows = heads / kv_heads * q_len;   // rows of a head
   int64_t padded = (n + CHUNK - 1) / CHUNK * CHUNK, end = start + q_len;
