@@ -3,8 +3,8 @@ halves, biases, dense products beside int4 ones) and for Qwen3's query and key n
 - with attention as products (long sequences) they write exactly what the Python layers write:
   the same logits, queries and cache, bit for bit, for chains and draft trees;
 - with attention as loops (sequences up to LOOP_CONTEXT) every row of a chain or a tree is
-  bitwise what its token gets run alone after its ancestors, and the logits are those of the
-  Python layers within bfloat16 rounding."""
+  bitwise what its token gets run alone after its ancestors, and against float32 the logits
+  are no further off than twice the product path's."""
 
 import pytest
 import torch
@@ -48,10 +48,10 @@ FAMILIES = ["llama-q4_1", "llama-q8_0", "qwen2", "qwen3"]
 CONTEXT = 300                    # past one attention chunk
 
 
-def prefilled(model, seq_len: int, seed: int = 0) -> StaticCache:
+def prefilled(model, seq_len: int) -> StaticCache:
     model.net.set_context(seq_len)
     cache = StaticCache(model.config, CONTEXT + 40, model.dtype, "cpu")
-    prompt = torch.randint(0, 320, (CONTEXT,), generator=torch.Generator().manual_seed(seed))
+    prompt = torch.randint(0, 320, (CONTEXT,), generator=torch.Generator().manual_seed(0))
     prefill(model.net, prompt, cache, 0)
     return cache
 
