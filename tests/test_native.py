@@ -13,15 +13,16 @@ from helpers import make_checkpoint
 
 import longspec
 from longspec.cache import StaticCache
-from longspec.models.native import LOOP_CONTEXT, _extension
+from longspec.models.compiled import extension
+from longspec.models.native import LOOP_CONTEXT
 from longspec.models.prefill import prefill
 from longspec.tree import TreeShape
 
-pytestmark = pytest.mark.skipif(_extension() is None,
+pytestmark = pytest.mark.skipif(extension() is None,
                                 reason="the compiled layers cannot be built here (no compiler)")
 
 
-def int4_models(path, family: str, monkeypatch):
+def int4_models(path, family: str):
     """(compiled, python) loads of one int4 model of `family`."""
     kind = {"llama-q4_1": ("llama", "Q4_1"), "llama-q8_0": ("llama", "Q8_0")}.get(family)
     # sizes that give a GQA group of 3, as SmolLM2 has
@@ -33,9 +34,9 @@ def int4_models(path, family: str, monkeypatch):
     else:
         load = {"path": path / "hf", "quantize": "q4"}
     compiled = longspec.load_model(**load, device="cpu")
-    monkeypatch.setenv("LONGSPEC_NATIVE", "0")
     python = longspec.load_model(**load, device="cpu")
-    assert compiled.net.native is not None and python.net.native is None
+    python.net.native = None    # the Python layers, with the same int4 kernel
+    assert compiled.net.native is not None
     return compiled, python
 
 
@@ -66,7 +67,7 @@ def blocks():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compiled_layers_equal_the_python_layers_bitwise(tmp_path, monkeypatch, family):
-    compiled, python = int4_models(tmp_path, family, monkeypatch)
+    compiled, python = int4_models(tmp_path, family)
     caches = [prefilled(model, LOOP_CONTEXT + 1) for model in (compiled, python)]
     assert not compiled.net.native.loops
     for tokens, shape in blocks():
@@ -90,7 +91,7 @@ def alone(model, cache, tokens: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_loop_attention_rows_equal_tokens_run_alone(tmp_path, monkeypatch, family):
-    compiled, python = int4_models(tmp_path, family, monkeypatch)
+    compiled, python = int4_models(tmp_path, family)
     reference = longspec.load_model(tmp_path / "m.gguf", device="cpu", dtype="float32",
                                     dequantize=True) if family.startswith("llama") else None
     reference = reference or longspec.load_model(tmp_path / "hf", device="cpu", dtype="float32")
@@ -115,7 +116,7 @@ def test_loop_attention_rows_equal_tokens_run_alone(tmp_path, monkeypatch, famil
 
 
 def test_loop_attention_prefill_writes_the_cache_decoding_writes(tmp_path, monkeypatch):
-    compiled, _ = int4_models(tmp_path, "llama-q4_1", monkeypatch)
+    compiled, _ = int4_models(tmp_path, "llama-q4_1")
     cache = prefilled(compiled, CONTEXT + 40)
     tokens = torch.randint(0, 320, (CONTEXT,), generator=torch.Generator().manual_seed(0))
     one_by_one = StaticCache(compiled.config, CONTEXT + 40, compiled.dtype, "cpu")
@@ -128,7 +129,7 @@ def test_loop_attention_prefill_writes_the_cache_decoding_writes(tmp_path, monke
 
 def test_loop_attention_resume_equals_the_uninterrupted_run(tmp_path, monkeypatch):
     # a resumed run prefills the tokens the interrupted one decoded: the same cache
-    compiled, _ = int4_models(tmp_path, "llama-q4_1", monkeypatch)
+    compiled, _ = int4_models(tmp_path, "llama-q4_1")
     kwargs = {"max_new_tokens": 40, "method": "ar", "seed": 3, "ignore_eos": True,
               "sampling": longspec.SamplingConfig(temperature=0.8, top_p=0.9)}
     ref = longspec.generate(compiled, list(range(3, 60)), **kwargs)

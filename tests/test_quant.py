@@ -1,7 +1,8 @@
-"""Quantized weights kept quantized: GGUF blocks on PyTorch's int4 kernel.
+"""Quantized weights kept quantized: GGUF blocks on an int4 kernel (PyTorch's, or native.cpp's
+on AMX tiles where the CPU has them).
 
 - the kernel operands reproduce GGUF's dequantization exactly (run in float32);
-- the fast (bfloat16) kernel's weights stay within bfloat16 rounding of GGUF's values;
+- the fast (bfloat16) kernels' weights stay within bfloat16 rounding of GGUF's values;
 - rows of a product do not depend on how many rows share it;
 - a quantized model's logits stay within the error transformers itself makes running the same
   dequantized weights in bfloat16, and every method writes exactly what `ar` writes.
@@ -61,6 +62,19 @@ def test_bfloat16_kernel_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     _, scales, zeros, _ = kernel_operands(blocks)
     bound = ((8 * np.abs(scales) + np.abs(zeros)).max() + gguf_values.abs().max()) * 2.0 ** -8
     assert (fast - gguf_values.reshape(N, K)).abs().max() <= bound
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K"])
+def test_int4_layer_weights_are_within_bfloat16_rounding_of_gguf(qtype):
+    """The weights Int4Linear multiplies with (AMX's kernel where the CPU has it: float32 scale
+    and zero, the output rounded to bfloat16), read back through one-hot rows."""
+    blocks = gguf_matrix(qtype)
+    gguf_values = torch.from_numpy(dequantize(blocks.raw, GGMLQuantizationType[qtype]))
+    codes, scales, zeros, doubled = kernel_operands(blocks)
+    layer = Int4Linear(*(torch.from_numpy(a) for a in (codes, scales, zeros)), doubled)
+    ours = layer(torch.eye(K, dtype=torch.bfloat16)).float().t()
+    bound = ((8 * np.abs(scales) + np.abs(zeros)).max() + gguf_values.abs().max()) * 2.0 ** -8
+    assert (ours - gguf_values.reshape(N, K)).abs().max() <= bound
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])

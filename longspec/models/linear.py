@@ -14,7 +14,7 @@ oneDNN; BENCHMARKS.md):
   oneDNN's inner product (`mkldnn._linear_pointwise`) on weights kept as [in, out] is, with the
   same K > 1024 exception. It is also 2-2.5x faster than MKL for 8-16 rows.
 - the int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`, bfloat16 activations) is
-  row-invariant for 1..64 rows as it is.
+  row-invariant for 1..64 rows as it is; so is native.cpp's on AMX tiles (Int4Linear).
 Elsewhere (CUDA), `F.linear`; its invariance is checked where a GPU is at hand.
 """
 
@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .compiled import amx_int4
 
 TWO_ROW_K = 1024     # oneDNN's 1-row path differs from its multi-row one above this K
 ONEDNN_MIN_WORK = 16 ** 3   # bfloat16 products with rows * K * N at most this skip oneDNN
@@ -68,10 +70,31 @@ class DenseLinear(nn.Module):
         return y[:rows] if short else y
 
 
+def pack_amx(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel operands in native.cpp's int4_amx layout: codes [out, K'] -> uint8
+    [out / 16, K' / 32, 256] (per tile of 16 outputs and group of 32: the bytes of 8 rows of k
+    pairs, each row's 32 codes in the low nibbles, rows 8-15 in the high ones), scales and
+    zeros -> float32 [out / 16, K' / 32, 2, 16]."""
+    out, k = codes.shape
+    tiles, groups = out // 16, k // 32
+    rows = (codes.reshape(tiles, 16, groups, 16, 2).permute(0, 2, 3, 1, 4)
+            .reshape(tiles, groups, 16, 32).to(torch.uint8))
+    packed = (rows[:, :, :8] | (rows[:, :, 8:] << 4)).reshape(tiles, groups, 256)
+    per_tile = [t.float().reshape(tiles, 16, groups).transpose(1, 2) for t in (scales, zeros)]
+    return packed.contiguous(), torch.stack(per_tile, 2).contiguous()
+
+
 class Int4Linear(nn.Module):
     """y = x W^T + b with W kept as packed 4-bit codes and per-32 scales and zeros:
-    W[n, k] = (q[n, k] - 8) * scale + zero (in float32, one rounding). Formats with more bits
-    (Q8_0, Q5_K) are two 4-bit halves along K, the activations given twice (`doubled`)."""
+    W[n, k] = (q[n, k] - 8) * scale + zero. Formats with more bits (Q8_0, Q5_K) are two 4-bit
+    halves along K, the activations given twice (`doubled`).
+
+    On a CPU with AMX tiles the product is native.cpp's `int4_amx`: scale and zero in float32,
+    sum_k (q - 8) x per group on the tiles, and one pass over the weights for up to 16 rows (a
+    16-row product costs ~1.3x a 1-row one). Elsewhere it is ATen's int4 kernel, which computes
+    each weight in float32 from a bfloat16 scale and zero and costs ~1x more per row past 4
+    rows. Both are row-invariant."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                  doubled: bool, bias: torch.Tensor | None = None, group: int = 32):
@@ -80,22 +103,31 @@ class Int4Linear(nn.Module):
         self.group = group
         self.doubled = doubled
         self.out_features = codes.shape[0]
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            codes.to(torch.int32).contiguous(), 1))
-        # [K' / group, out, 2]: the scale and the zero of each group, in the activations' dtype
-        self.register_buffer("scale_zero", torch.stack([scales.t(), zeros.t()], -1)
-                             .to(torch.bfloat16).contiguous())
+        self.amx = amx_int4() if group == 32 else None
+        if self.amx is not None:
+            packed, scale_zero = pack_amx(codes, scales, zeros)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                codes.to(torch.int32).contiguous(), 1)
+            # [K' / group, out, 2]: the scale and the zero of each group, in bfloat16
+            scale_zero = (torch.stack([scales.t(), zeros.t()], -1)
+                          .to(torch.bfloat16).contiguous())
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zero", scale_zero)
         self.bias = None if bias is None else nn.Parameter(bias.to(torch.bfloat16),
                                                            requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Activations of any float dtype: the kernel is fast with bfloat16 ones (float32
-        ones go through a scalar loop ~270x slower), so they enter it as bfloat16."""
+        """Activations of any float dtype: the kernels are fast with bfloat16 ones (float32
+        ones go through ATen's scalar loop ~270x slower), so they enter as bfloat16."""
         xin = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
-        if self.doubled:
-            xin = torch.cat([xin, xin], -1)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xin.contiguous(), self.packed,
-                                                       self.group, self.scale_zero)
+        if self.amx is not None:
+            y = self.amx.int4_amx(xin, self.packed, self.scale_zero, self.doubled)
+        else:
+            if self.doubled:
+                xin = torch.cat([xin, xin], -1)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xin.contiguous(), self.packed,
+                                                           self.group, self.scale_zero)
         if self.bias is not None:
             y = y + self.bias
         # a no-op cast still costs a framework call (~2 us); a step makes ~120 of these

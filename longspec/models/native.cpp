@@ -12,6 +12,12 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -25,11 +31,159 @@ namespace {
 constexpr int64_t CHUNK = 256;    // cache/base.py's CHUNK
 constexpr int64_t MAX_ROWS = 32;  // linear.py's MAX_ROWS
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// The int4 product on AMX (Intel's matrix tiles), for CPUs that have them: y [m, n] = x [m, k]
+// times W [n, k]^T, W = (q - 8) * scale + zero per group of 32 along k. Each group's dot product
+// runs on the tiles, sum_k (q - 8) x (every product exact in float32, the codes being small
+// integers), and is then scaled on the vector unit: acc = fma(dot, scale, acc), then
+// acc = fma(sum_k x, zero, acc), the groups in order. Row r's output depends on row r alone,
+// and one pass over the weights serves up to 16 rows: 16 rows cost ~1.3x one row, where
+// ATen's int4 kernel costs ~16x (linear.py; BENCHMARKS.md).
+//
+// Layout (linear.py's pack_amx): packed [n / 16, groups, 256] uint8 holds a tile of 16 outputs
+// by one group: byte 32 c + i has in its low nibble element i of the tile's row c (the pair of
+// k = 2c, 2c + 1 for the 16 outputs, AMX's pair-interleaved layout: output i / 2, k + i % 2)
+// and in its high nibble element i of row c + 8. scale_zero [n / 16, groups, 2, 16] float32.
+// Formats of two halves (doubled) have 2 k / 32 groups, the second half over x again.
+
+// bfloat16 of q - 8 for codes q = 0..15
+const __m512i CODE_VALUES = _mm512_set_epi16(
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000,
+    0xBF80, 0xC000, 0xC040, 0xC080, 0xC0A0, 0xC0C0, 0xC0E0, 0xC100);
+
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+constexpr int64_t TILE_ROWS = 16;   // rows (of x) and outputs a tile holds
+constexpr int UNIT = 3;             // output tiles per pass: three B and three C tiles
+
+// tile 0: m rows of x's group (32 bfloat16); 1-3: the weights of three output tiles;
+// 4-6: their m x 16 float sums
+void configure_tiles(int64_t m) {
+  TileConfig cfg;
+  for (int t = 0; t < 7; ++t) {
+    cfg.rows[t] = t >= 1 && t <= 3 ? TILE_ROWS : m;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// one group of one output tile's codes to the bfloat16 B tile (16 rows of 32)
+inline void unpack_group(const uint8_t* codes, uint16_t* b) {
+  const __m512i low = _mm512_set1_epi16(0x0F);
+  for (int c = 0; c < 8; ++c) {
+    __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(codes + c * 32)));
+    _mm512_store_si512(b + c * 32, _mm512_permutexvar_epi16(_mm512_and_si512(w, low), CODE_VALUES));
+    _mm512_store_si512(b + (c + 8) * 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), CODE_VALUES));
+  }
+}
+
+// the tile macros take their tile numbers as literals
+#define GROUP_DOT(B, C, buf) _tile_zero(C); _tile_loadd(B, buf, 64); _tile_dpbf16ps(C, 0, B);
+
+// NT consecutive output tiles from `tile` on, for m <= 16 rows
+template <int NT>
+void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, const float* sz,
+               int64_t groups, const float* xsum, int64_t tile, int64_t n, uint16_t* y) {
+  int64_t kg = k / 32;
+  alignas(64) uint16_t b[NT][16 * 32];
+  alignas(64) float c[NT][TILE_ROWS * 16];
+  __m512 acc[NT][TILE_ROWS];
+  for (int j = 0; j < NT; ++j)
+    for (int64_t r = 0; r < m; ++r) acc[j][r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    _tile_loadd(0, x + (g % kg) * 32, k * 2);
+    for (int j = 0; j < NT; ++j) unpack_group(packed + ((tile + j) * groups + g) * 256, b[j]);
+    GROUP_DOT(1, 4, b[0]);
+    _tile_stored(4, c[0], 64);
+    if constexpr (NT == UNIT) {
+      GROUP_DOT(2, 5, b[1]);
+      GROUP_DOT(3, 6, b[2]);
+      _tile_stored(5, c[1], 64);
+      _tile_stored(6, c[2], 64);
+    }
+    __m512 scale[NT], zero[NT];
+    for (int j = 0; j < NT; ++j) {
+      scale[j] = _mm512_loadu_ps(sz + ((tile + j) * groups + g) * 32);
+      zero[j] = _mm512_loadu_ps(sz + ((tile + j) * groups + g) * 32 + 16);
+    }
+    for (int64_t r = 0; r < m; ++r) {
+      __m512 sum = _mm512_set1_ps(xsum[r * kg + g % kg]);
+      for (int j = 0; j < NT; ++j) {
+        acc[j][r] = _mm512_fmadd_ps(_mm512_load_ps(c[j] + r * 16), scale[j], acc[j][r]);
+        acc[j][r] = _mm512_fmadd_ps(sum, zero[j], acc[j][r]);
+      }
+    }
+  }
+  for (int j = 0; j < NT; ++j)
+    for (int64_t r = 0; r < m; ++r)
+      _mm256_storeu_si256((__m256i*)(y + r * n + (tile + j) * 16),
+                          (__m256i)_mm512_cvtneps_pbh(acc[j][r]));
+}
+
+// y [rows, n] bfloat16 from bfloat16 x [rows, k], 16 rows at a time
+Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_zero, bool doubled) {
+  Tensor x = x_.contiguous();
+  int64_t rows = x.size(0), k = x.size(1), kg = k / 32;
+  int64_t tiles = packed.size(0), groups = packed.size(1), n = tiles * 16;
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && k % 32 == 0 && groups == (doubled ? 2 : 1) * kg,
+              "int4_amx: bfloat16 activations of the weights' width expected");
+  Tensor y = at::empty({rows, n}, x.options());
+  const uint16_t* px = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
+  uint16_t* py = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  const uint8_t* pq = packed.const_data_ptr<uint8_t>();
+  const float* psz = scale_zero.const_data_ptr<float>();
+  // each row's sum over each group (its two halves of 16 added lane-wise, then the lanes)
+  std::vector<float> xsum(rows * kg);
+  for (int64_t i = 0; i < rows * kg; ++i) {
+    __m512i both = _mm512_loadu_si512(px + i * 32);
+    __m512 low = _mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256(both));
+    __m512 high = _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64(both, 1));
+    xsum[i] = _mm512_reduce_add_ps(_mm512_add_ps(low, high));
+  }
+  int64_t units = (tiles + UNIT - 1) / UNIT;
+  for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+    int64_t m = std::min(TILE_ROWS, rows - r0);
+    at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+      configure_tiles(m);
+      for (int64_t u = u0; u < u1; ++u) {
+        const uint16_t* xr = px + r0 * k;
+        const float* sr = xsum.data() + r0 * kg;
+        if ((u + 1) * UNIT <= tiles) {
+          amx_tiles<UNIT>(xr, m, k, pq, psz, groups, sr, u * UNIT, n, py + r0 * n);
+        } else {
+          for (int64_t t = u * UNIT; t < tiles; ++t)
+            amx_tiles<1>(xr, m, k, pq, psz, groups, sr, t, n, py + r0 * n);
+        }
+      }
+      _tile_release();
+    });
+  }
+  return y;
+}
+
+// Asks Linux for the tiles' register state (once a process; false where it refuses).
+bool amx_ready() {
+  constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+#endif
+
 // Int4Linear.forward (with scale_zero; `size` its group) or DenseLinear.forward (without;
 // `size` its min_rows) for bfloat16 activations.
 Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& scale_zero,
               int64_t size, bool doubled, const std::optional<Tensor>& bias) {
   if (scale_zero) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (weight.dim() == 3) {    // packed for int4_amx ([tiles, groups, 256]; ATen's is 2-D)
+      Tensor y = int4_amx(x, weight, *scale_zero, doubled);
+      return bias ? y + *bias : y;
+    }
+#endif
     Tensor xin = doubled ? at::cat({x, x}, -1) : x;
     Tensor y = at::_weight_int4pack_mm_for_cpu(xin.contiguous(), weight, size, *scale_zero);
     return bias ? y + *bias : y;
@@ -528,4 +682,8 @@ std::tuple<Tensor, std::vector<Tensor>> layers(Tensor x, const Tensor& cos, cons
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layers", &layers, "every decoder layer of a bfloat16 CPU model over a block");
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  m.def("int4_amx", &int4_amx, "the int4 product on AMX tiles");
+  m.def("amx_ready", &amx_ready, "whether Linux lets this process use the AMX tiles");
+#endif
 }

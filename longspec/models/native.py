@@ -13,60 +13,23 @@ decoding, drafts) takes them, so the prompt's cache is what decoding would write
 what its token gets alone; their output is within bfloat16 rounding of the Python path's, not
 bitwise it.
 
-It is compiled on first use against the installed PyTorch (torch.utils.cpp_extension; ~40 s once,
-then cached in PyTorch's extensions directory, one build per CPU instruction set). Without a C++
-compiler, or with LONGSPEC_NATIVE=0 in the environment, the layers run in Python.
+It is compiled on first use (compiled.py). Without a C++ compiler, or with LONGSPEC_NATIVE=0 in
+the environment, the layers run in Python.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
-import warnings
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
 from ..cache.base import CHUNK, AttentionPlan, KVCache
+from .compiled import extension
 from .linear import Int4Linear, min_rows
 
 # Longest sequence whose attention runs as native.cpp's loops: below it they cost less than
 # oneDNN's products (a fixed ~25 us a product), above it more (BENCHMARKS.md)
 LOOP_CONTEXT = 2048
-
-
-# The vector instructions the build may use, by what PyTorch found this CPU to have. The loops'
-# results do not depend on them (GCC vectors, each lane's operations in a fixed order, nothing
-# contracted into fused multiply-adds); the build's name does, so that a build directory shared
-# by machines with other CPUs never runs one's instructions on the other.
-ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma"],
-             "AVX2": ["-mavx2", "-mfma"]}
-
-
-@functools.cache
-def _extension() -> ModuleType | None:
-    """The compiled module, or None (with one warning saying why) where it cannot be built."""
-    from torch.utils import cpp_extension
-    capability = torch.backends.cpu.get_cpu_capability()
-    name = f"longspec_native_{capability.lower()}"
-    # where `load` keeps the build (the one place that knows its layout, though private)
-    build = Path(cpp_extension._get_build_directory(name, verbose=False))
-    if not (build / f"{name}.so").exists():
-        print("longspec: compiling the decoder layers for quantized models (once, ~40 s)",
-              file=sys.stderr, flush=True)
-    try:
-        return cpp_extension.load(
-            name, [str(Path(__file__).with_name("native.cpp"))],
-            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *ISA_FLAGS.get(capability, [])],
-            extra_ldflags=["-fopenmp"])
-    except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
-        warnings.warn(f"longspec's compiled decoder layers could not be built ({e}); the layers "
-                      "run in Python (same tokens, slower on a CPU). Install a C++ compiler "
-                      "(g++) to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
-                      stacklevel=2)
-        return None
 
 
 def _products(net) -> list:
@@ -119,11 +82,9 @@ class NativeLayers:
 def native_layers(net) -> NativeLayers | None:
     """The compiled layers for `net` where they apply: a CPU model in bfloat16 with int4
     products (a quantized GGUF or `--quantize`); otherwise None."""
-    if os.environ.get("LONGSPEC_NATIVE", "1") == "0":
-        return None
     if net.device.type != "cpu" or net.dtype != torch.bfloat16:
         return None
     if not any(isinstance(p, Int4Linear) for p in _products(net)):
         return None
-    module = _extension()
+    module = extension()
     return None if module is None else NativeLayers(module, net)

@@ -1,0 +1,70 @@
+"""native.cpp, compiled on first use against the installed PyTorch (torch.utils.cpp_extension;
+~40 s once, then cached in PyTorch's extensions directory, one build per CPU instruction set).
+Without a C++ compiler, or with LONGSPEC_NATIVE=0 in the environment, nothing is compiled: the
+layers run in Python and int4 products on ATen's kernel."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+# The vector instructions the build may use, by what PyTorch found this CPU to have. The attention
+# loops' results do not depend on them (GCC vectors, each lane's operations in a fixed order,
+# nothing contracted into fused multiply-adds); the build's name does, so that a build directory
+# shared by machines with other CPUs never runs one's instructions on the other.
+ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma"],
+             "AVX2": ["-mavx2", "-mfma"]}
+# CPUs with AMX tiles (bfloat16) also get the int4 product on them (native.cpp's int4_amx)
+AMX_FLAGS = ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
+
+
+def _instruction_set() -> tuple[str, list[str]]:
+    """(the build's name suffix, its compiler flags)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags = ISA_FLAGS.get(capability, [])
+    if capability == "AVX512" and torch.cpu._is_amx_tile_supported():
+        return "avx512_amx", flags + AMX_FLAGS
+    return capability.lower(), flags
+
+
+@functools.cache
+def extension() -> ModuleType | None:
+    """The compiled module, or None (with one warning saying why) where it cannot be built or
+    LONGSPEC_NATIVE=0."""
+    if os.environ.get("LONGSPEC_NATIVE", "1") == "0":
+        return None
+    from torch.utils import cpp_extension
+    suffix, flags = _instruction_set()
+    name = f"longspec_native_{suffix}"
+    # where `load` keeps the build (the one place that knows its layout, though private)
+    build = Path(cpp_extension._get_build_directory(name, verbose=False))
+    if not (build / f"{name}.so").exists():
+        print("longspec: compiling the kernels for quantized models (once, ~40 s)",
+              file=sys.stderr, flush=True)
+    try:
+        return cpp_extension.load(
+            name, [str(Path(__file__).with_name("native.cpp"))],
+            extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *flags],
+            extra_ldflags=["-fopenmp"])
+    except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
+        warnings.warn(f"longspec's compiled kernels could not be built ({e}); quantized models "
+                      "run in Python (same tokens, slower on a CPU). Install a C++ compiler "
+                      "(g++) to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
+                      stacklevel=2)
+        return None
+
+
+@functools.cache
+def amx_int4() -> ModuleType | None:
+    """The compiled module where its int4 product on AMX tiles runs here (an AMX CPU, a build,
+    and Linux's leave to use the tiles), else None."""
+    module = extension()
+    if module is None or not hasattr(module, "int4_amx") or not module.amx_ready():
+        return None
+    return module
