@@ -36,8 +36,9 @@ def gguf_matrix(qtype: str, seed: int = 0) -> Blocks:
 
 def kernel_weights(blocks: Blocks, dtype: torch.dtype) -> torch.Tensor:
     """The [out, in] weights the kernel multiplies with: one-hot rows through it."""
-    codes, scales, zeros, doubled = kernel_operands(blocks)
-    codes, scales, zeros = (torch.from_numpy(a) for a in (codes, scales, zeros))
+    codes, scales, mins, doubled = kernel_operands(blocks)
+    codes, scales, mins = (torch.from_numpy(a) for a in (codes, scales, mins))
+    zeros = mins + 8 * scales           # the kernel's form, (q - 8) * scale + zero
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
     sz = torch.stack([scales.t(), zeros.t()], -1).to(dtype).contiguous()
     eye = torch.eye(K, dtype=dtype)
@@ -59,29 +60,30 @@ def test_bfloat16_kernel_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     fast = kernel_weights(blocks, torch.bfloat16)
     # the kernel rounds each group's scale and zero to bfloat16 (relative error 2^-9 each),
     # then computes (q - 8) * scale + zero in float32 and rounds the product once to bfloat16
-    _, scales, zeros, _ = kernel_operands(blocks)
-    bound = ((8 * np.abs(scales) + np.abs(zeros)).max() + gguf_values.abs().max()) * 2.0 ** -8
+    _, scales, mins, _ = kernel_operands(blocks)
+    bound = ((8 * np.abs(scales) + np.abs(mins + 8 * scales)).max()
+             + gguf_values.abs().max()) * 2.0 ** -8
     assert (fast - gguf_values.reshape(N, K)).abs().max() <= bound
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K"])
 def test_int4_layer_weights_are_within_bfloat16_rounding_of_gguf(qtype):
-    """The weights Int4Linear multiplies with (AMX's kernel where the CPU has it: float32 scale
-    and zero, the output rounded to bfloat16), read back through one-hot rows."""
+    """The weights Int4Linear multiplies with (AMX's kernel where the CPU has it: exact scales
+    and mins, the output rounded to bfloat16), read back through one-hot rows."""
     blocks = gguf_matrix(qtype)
     gguf_values = torch.from_numpy(dequantize(blocks.raw, GGMLQuantizationType[qtype]))
-    codes, scales, zeros, doubled = kernel_operands(blocks)
-    layer = Int4Linear(*(torch.from_numpy(a) for a in (codes, scales, zeros)), doubled)
+    codes, scales, mins, doubled = kernel_operands(blocks)
+    layer = Int4Linear(*(torch.from_numpy(a) for a in (codes, scales, mins)), doubled)
     ours = layer(torch.eye(K, dtype=torch.bfloat16)).float().t()
-    bound = ((8 * np.abs(scales) + np.abs(zeros)).max() + gguf_values.abs().max()) * 2.0 ** -8
+    bound = ((16 * np.abs(scales) + np.abs(mins)).max() + gguf_values.abs().max()) * 2.0 ** -8
     assert (ours - gguf_values.reshape(N, K)).abs().max() <= bound
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
 def test_rows_of_the_int4_kernel_do_not_depend_on_the_row_count(qtype):
     blocks = gguf_matrix(qtype)
-    codes, scales, zeros, doubled = kernel_operands(blocks)
-    layer = Int4Linear(*(torch.from_numpy(a) for a in (codes, scales, zeros)), doubled)
+    codes, scales, mins, doubled = kernel_operands(blocks)
+    layer = Int4Linear(*(torch.from_numpy(a) for a in (codes, scales, mins)), doubled)
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(64, K, generator=g) * torch.rand(64, 1, generator=g) * 4).bfloat16()
     alone = torch.cat([layer(x[i:i + 1]) for i in range(64)])
@@ -134,9 +136,8 @@ def test_quantize_a_dense_checkpoint(tmp_path, kind):
     # RMS), 8 bits within ~0.5%; random tiny models amplify that in the logits
     assert (a - b).norm() / a.norm() < (0.6 if kind == "q4" else 0.05)
     w = dense.net.layers[0].w_down.dense_weight.float()
-    codes, scales, zeros, doubled = (torch.as_tensor(v) for v in quantize_dense(w, kind))
-    back = ((codes.float() - 8) * scales.repeat_interleave(32, 1)
-            + zeros.repeat_interleave(32, 1))
+    codes, scales, mins, doubled = (torch.as_tensor(v) for v in quantize_dense(w, kind))
+    back = codes.float() * scales.repeat_interleave(32, 1) + mins.repeat_interleave(32, 1)
     if doubled:
         back = back[:, :w.shape[1]] + back[:, w.shape[1]:]
     assert (back - w).norm() / w.norm() < (0.1 if kind == "q4" else 0.01)

@@ -40,14 +40,14 @@ def make_linear(w, bias, dtype: torch.dtype, device, quantize: str | None) -> nn
     """The product module of one (possibly fused) weight [out, in]."""
     b = None if bias is None else dense(bias, dtype, device)
     if isinstance(w, Blocks) and w.qtype in KERNEL_TYPES and _fits_kernel(w.shape, device):
-        codes, scales, zeros, doubled = kernel_operands(w)
+        codes, scales, mins, doubled = kernel_operands(w)
         return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales),
-                          torch.from_numpy(zeros), doubled, b)
+                          torch.from_numpy(mins), doubled, b)
     weight = dense(w, dtype, device)
     if quantize is not None and _fits_kernel(tuple(weight.shape), device):
-        codes, scales, zeros, doubled = quantize_dense(weight.cpu(), quantize)
+        codes, scales, mins, doubled = quantize_dense(weight.cpu(), quantize)
         return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales),
-                          torch.from_numpy(zeros), doubled, b)
+                          torch.from_numpy(mins), doubled, b)
     return DenseLinear(weight, b)
 
 

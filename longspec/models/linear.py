@@ -70,46 +70,51 @@ class DenseLinear(nn.Module):
         return y[:rows] if short else y
 
 
-def pack_amx(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
+def pack_amx(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel operands in native.cpp's int4_amx layout: codes [out, K'] -> uint8
     [out / 16, K' / 32, 256] (per tile of 16 outputs and group of 32: the bytes of 8 rows of k
-    pairs, each row's 32 codes in the low nibbles, rows 8-15 in the high ones), scales and
-    zeros -> float32 [out / 16, K' / 32, 2, 16]."""
+    pairs, each row's 32 codes in the low nibbles, rows 8-15 in the high ones); scales and mins
+    -> [out / 16, K' / 32, 2, 16] in float16 where every one of them is a float16 value (GGUF's
+    Q4_0, Q4_1 and Q8_0: 4 bytes a group, not 8), else float32."""
     out, k = codes.shape
     tiles, groups = out // 16, k // 32
     rows = (codes.reshape(tiles, 16, groups, 16, 2).permute(0, 2, 3, 1, 4)
             .reshape(tiles, groups, 16, 32).to(torch.uint8))
     packed = (rows[:, :, :8] | (rows[:, :, 8:] << 4)).reshape(tiles, groups, 256)
-    per_tile = [t.float().reshape(tiles, 16, groups).transpose(1, 2) for t in (scales, zeros)]
-    return packed.contiguous(), torch.stack(per_tile, 2).contiguous()
+    per_tile = torch.stack([t.float().reshape(tiles, 16, groups).transpose(1, 2)
+                            for t in (scales, mins)], 2)
+    if torch.equal(per_tile.half().float(), per_tile):
+        per_tile = per_tile.half()
+    return packed.contiguous(), per_tile.contiguous()
 
 
 class Int4Linear(nn.Module):
-    """y = x W^T + b with W kept as packed 4-bit codes and per-32 scales and zeros:
-    W[n, k] = (q[n, k] - 8) * scale + zero. Formats with more bits (Q8_0, Q5_K) are two 4-bit
-    halves along K, the activations given twice (`doubled`).
+    """y = x W^T + b with W kept as packed 4-bit codes and per-32 scales and mins:
+    W[n, k] = q[n, k] * scale + min. Formats with more bits (Q8_0, Q5_K) are two 4-bit halves
+    along K, the activations given twice (`doubled`).
 
-    On a CPU with AMX tiles the product is native.cpp's `int4_amx`: scale and zero in float32,
-    sum_k (q - 8) x per group on the tiles, and one pass over the weights for up to 16 rows (a
-    16-row product costs ~1.3x a 1-row one). Elsewhere it is ATen's int4 kernel, which computes
-    each weight in float32 from a bfloat16 scale and zero and costs ~1x more per row past 4
-    rows. Both are row-invariant."""
+    On a CPU with AMX tiles the product is native.cpp's `int4_amx`: scales and mins exact
+    (float16 or float32), sum_k q x per group on the tiles, and one pass over the weights for
+    up to 16 rows (a 16-row product costs ~1.3x a 1-row one). Elsewhere it is ATen's int4
+    kernel, W = (q - 8) * scale + zero with the scale and zero in bfloat16, which costs ~1x
+    more per row past 4 rows. Both are row-invariant."""
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                  doubled: bool, bias: torch.Tensor | None = None, group: int = 32):
-        """codes int32 [out, K'] in 0..15; scales, zeros float32 [out, K' / group]."""
+        """codes int32 [out, K'] in 0..15; scales, mins float32 [out, K' / group]."""
         super().__init__()
         self.group = group
         self.doubled = doubled
         self.out_features = codes.shape[0]
         self.amx = amx_int4() if group == 32 else None
         if self.amx is not None:
-            packed, scale_zero = pack_amx(codes, scales, zeros)
+            packed, scale_zero = pack_amx(codes, scales, mins)
         else:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 codes.to(torch.int32).contiguous(), 1)
-            # [K' / group, out, 2]: the scale and the zero of each group, in bfloat16
+            # [K' / group, out, 2]: the scale and the zero (min + 8 scale) of each group
+            zeros = mins.float() + 8 * scales.float()
             scale_zero = (torch.stack([scales.t(), zeros.t()], -1)
                           .to(torch.bfloat16).contiguous())
         self.register_buffer("packed", packed)

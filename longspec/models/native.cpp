@@ -33,24 +33,31 @@ constexpr int64_t MAX_ROWS = 32;  // linear.py's MAX_ROWS
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // The int4 product on AMX (Intel's matrix tiles), for CPUs that have them: y [m, n] = x [m, k]
-// times W [n, k]^T, W = (q - 8) * scale + zero per group of 32 along k. Each group's dot product
-// runs on the tiles, sum_k (q - 8) x (every product exact in float32, the codes being small
-// integers), and is then scaled on the vector unit: acc = fma(dot, scale, acc), then
-// acc = fma(sum_k x, zero, acc), the groups in order. Row r's output depends on row r alone,
+// times W [n, k]^T, W = q * scale + min per group of 32 along k. Each group's dot product runs
+// on the tiles, sum_k q x (every product exact in float32, the codes being small integers), and
+// is then scaled on the vector unit: acc = fma(dot, scale, acc), then acc = fma(sum_k x, min,
+// acc), the groups in order. Row r's output depends on row r alone,
 // and one pass over the weights serves up to 16 rows: 16 rows cost ~1.3x one row, where
 // ATen's int4 kernel costs ~16x (linear.py; BENCHMARKS.md).
 //
 // Layout (linear.py's pack_amx): packed [n / 16, groups, 256] uint8 holds a tile of 16 outputs
 // by one group: byte 32 c + i has in its low nibble element i of the tile's row c (the pair of
 // k = 2c, 2c + 1 for the 16 outputs, AMX's pair-interleaved layout: output i / 2, k + i % 2)
-// and in its high nibble element i of row c + 8. scale_zero [n / 16, groups, 2, 16] float32.
+// and in its high nibble element i of row c + 8. scale_min [n / 16, groups, 2, 16], float16
+// or float32.
 // Formats of two halves (doubled) have 2 k / 32 groups, the second half over x again.
 
-// bfloat16 of q - 8 for codes q = 0..15
+// bfloat16 of the codes q = 0..15
 const __m512i CODE_VALUES = _mm512_set_epi16(
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000,
-    0xBF80, 0xC000, 0xC040, 0xC080, 0xC0A0, 0xC0C0, 0xC0E0, 0xC100);
+    0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100,
+    0x40E0, 0x40C0, 0x40A0, 0x4080, 0x4040, 0x4000, 0x3F80, 0x0000);
+
+// 16 scales or mins as float
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 struct TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -86,8 +93,8 @@ inline void unpack_group(const uint8_t* codes, uint16_t* b) {
 #define GROUP_DOT(B, C, buf) _tile_zero(C); _tile_loadd(B, buf, 64); _tile_dpbf16ps(C, 0, B);
 
 // NT consecutive output tiles from `tile` on, for m <= 16 rows
-template <int NT>
-void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, const float* sz,
+template <int NT, typename S>
+void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, const S* sz,
                int64_t groups, const float* xsum, int64_t tile, int64_t n, uint16_t* y) {
   int64_t kg = k / 32;
   alignas(64) uint16_t b[NT][16 * 32];
@@ -106,16 +113,16 @@ void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, c
       _tile_stored(5, c[1], 64);
       _tile_stored(6, c[2], 64);
     }
-    __m512 scale[NT], zero[NT];
+    __m512 scale[NT], low[NT];
     for (int j = 0; j < NT; ++j) {
-      scale[j] = _mm512_loadu_ps(sz + ((tile + j) * groups + g) * 32);
-      zero[j] = _mm512_loadu_ps(sz + ((tile + j) * groups + g) * 32 + 16);
+      scale[j] = load16(sz + ((tile + j) * groups + g) * 32);
+      low[j] = load16(sz + ((tile + j) * groups + g) * 32 + 16);
     }
     for (int64_t r = 0; r < m; ++r) {
       __m512 sum = _mm512_set1_ps(xsum[r * kg + g % kg]);
       for (int j = 0; j < NT; ++j) {
         acc[j][r] = _mm512_fmadd_ps(_mm512_load_ps(c[j] + r * 16), scale[j], acc[j][r]);
-        acc[j][r] = _mm512_fmadd_ps(sum, zero[j], acc[j][r]);
+        acc[j][r] = _mm512_fmadd_ps(sum, low[j], acc[j][r]);
       }
     }
   }
@@ -125,18 +132,40 @@ void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, c
                           (__m256i)_mm512_cvtneps_pbh(acc[j][r]));
 }
 
-// y [rows, n] bfloat16 from bfloat16 x [rows, k], 16 rows at a time
-Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_zero, bool doubled) {
+// Every output tile for rows of x, 16 rows at a time; xsum [rows, k / 32] each row's group sums
+template <typename S>
+void amx_product(const uint16_t* x, int64_t rows, int64_t k, const uint8_t* packed, const S* sz,
+                 int64_t tiles, int64_t groups, const float* xsum, uint16_t* y) {
+  int64_t n = tiles * 16, kg = k / 32, units = (tiles + UNIT - 1) / UNIT;
+  for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+    int64_t m = std::min(TILE_ROWS, rows - r0);
+    const uint16_t* xr = x + r0 * k;
+    const float* sr = xsum + r0 * kg;
+    at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+      configure_tiles(m);
+      for (int64_t u = u0; u < u1; ++u) {
+        if ((u + 1) * UNIT <= tiles) {
+          amx_tiles<UNIT>(xr, m, k, packed, sz, groups, sr, u * UNIT, n, y + r0 * n);
+        } else {
+          for (int64_t t = u * UNIT; t < tiles; ++t)
+            amx_tiles<1>(xr, m, k, packed, sz, groups, sr, t, n, y + r0 * n);
+        }
+      }
+      _tile_release();
+    });
+  }
+}
+
+// y [rows, n] bfloat16 from bfloat16 x [rows, k]
+Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_min, bool doubled) {
   Tensor x = x_.contiguous();
   int64_t rows = x.size(0), k = x.size(1), kg = k / 32;
-  int64_t tiles = packed.size(0), groups = packed.size(1), n = tiles * 16;
+  int64_t tiles = packed.size(0), groups = packed.size(1);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && k % 32 == 0 && groups == (doubled ? 2 : 1) * kg,
               "int4_amx: bfloat16 activations of the weights' width expected");
-  Tensor y = at::empty({rows, n}, x.options());
+  Tensor y = at::empty({rows, tiles * 16}, x.options());
   const uint16_t* px = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
   uint16_t* py = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  const uint8_t* pq = packed.const_data_ptr<uint8_t>();
-  const float* psz = scale_zero.const_data_ptr<float>();
   // each row's sum over each group (its two halves of 16 added lane-wise, then the lanes)
   std::vector<float> xsum(rows * kg);
   for (int64_t i = 0; i < rows * kg; ++i) {
@@ -145,24 +174,13 @@ Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_zero
     __m512 high = _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64(both, 1));
     xsum[i] = _mm512_reduce_add_ps(_mm512_add_ps(low, high));
   }
-  int64_t units = (tiles + UNIT - 1) / UNIT;
-  for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
-    int64_t m = std::min(TILE_ROWS, rows - r0);
-    at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-      configure_tiles(m);
-      for (int64_t u = u0; u < u1; ++u) {
-        const uint16_t* xr = px + r0 * k;
-        const float* sr = xsum.data() + r0 * kg;
-        if ((u + 1) * UNIT <= tiles) {
-          amx_tiles<UNIT>(xr, m, k, pq, psz, groups, sr, u * UNIT, n, py + r0 * n);
-        } else {
-          for (int64_t t = u * UNIT; t < tiles; ++t)
-            amx_tiles<1>(xr, m, k, pq, psz, groups, sr, t, n, py + r0 * n);
-        }
-      }
-      _tile_release();
-    });
-  }
+  const uint8_t* pq = packed.const_data_ptr<uint8_t>();
+  if (scale_min.scalar_type() == at::kHalf)
+    amx_product(px, rows, k, pq, scale_min.const_data_ptr<at::Half>(), tiles, groups,
+                xsum.data(), py);
+  else
+    amx_product(px, rows, k, pq, scale_min.const_data_ptr<float>(), tiles, groups, xsum.data(),
+                py);
   return y;
 }
 

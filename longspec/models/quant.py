@@ -1,22 +1,20 @@
-"""Weights kept quantized: GGUF blocks mapped onto PyTorch's int4 weight-only kernel, and
+"""Weights kept quantized: GGUF blocks mapped onto the int4 kernels (linear.py's Int4Linear), and
 group-wise quantization of dense checkpoints (`--quantize q4|q8`).
 
-The kernel computes W[n, k] = (q - 8) * scale + zero per group of 32 along K, with 4-bit q.
-GGUF's formats map onto it exactly (every value in float32 equals `gguf.quants.dequantize`'s):
+The kernels take W[n, k] = q * scale + min per group of 32 along K, with 4-bit codes q. GGUF's
+formats map onto it exactly (every value in float32 equals `gguf.quants.dequantize`'s):
 
-| GGUF | q                        | scale          | zero                       | K   |
+| GGUF | q                        | scale          | min                        | K   |
 |------|--------------------------|----------------|----------------------------|-----|
-| Q4_0 | nibble                   | d              | 0                          | K   |
-| Q4_1 | nibble                   | d              | m + 8d                     | K   |
-| Q4_K | nibble                   | d sc_j         | 8 d sc_j - dmin mn_j       | K   |
-| Q8_0 | [q8 >> 4 + 8, q8 & 15]   | [16d, d]       | [0, 8d]                    | 2K  |
-| Q5_K | [low nibble, high bit+8] | [d sc, 16 d sc]| [8 d sc - dmin mn, 0]      | 2K  |
+| Q4_0 | nibble                   | d              | -8d                        | K   |
+| Q4_1 | nibble                   | d              | m                          | K   |
+| Q4_K | nibble                   | d sc_j         | -dmin mn_j                 | K   |
+| Q8_0 | [q8 >> 4 + 8, q8 & 15]   | [16d, d]       | [-128d, 0]                 | 2K  |
+| Q5_K | [low nibble, high bit+8] | [d sc, 16 d sc]| [-dmin mn, -128 d sc]      | 2K  |
 
 (2K: two 4-bit halves along K, the activations given twice.) Q6_K has a scale per 16 weights,
-finer than the kernel's groups: its tensors stay dense. The fast kernel takes bfloat16
-activations and stores the scale and zero in bfloat16, so the weights it multiplies with are
-fma(q - 8, bf16(scale), bf16(zero)) in float32: within bfloat16 rounding of GGUF's values,
-as dense bfloat16 weights are (tests and BENCHMARKS.md give the bounds).
+finer than the kernel's groups: its tensors stay dense. How each kernel rounds the scales and
+mins is Int4Linear's to say (tests and BENCHMARKS.md give the bounds).
 """
 
 from __future__ import annotations
@@ -60,39 +58,44 @@ def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def kernel_operands(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """(codes int32 [out, K'], scales, zeros float32 [out, K' / 32], doubled) of a GGUF matrix."""
+    """(codes int32 [out, K'], scales, mins float32 [out, K' / 32], doubled) of a GGUF matrix."""
     n, k = blocks.shape
-    raw, f8 = blocks.raw, np.float32(8)
+    raw = blocks.raw
     if blocks.qtype == "Q4_0":
         b = raw.reshape(n, k // 32, 18)
         d = _f16(b[..., 0:2])
-        return _nibbles(b[..., 2:18]).reshape(n, k), d, np.zeros_like(d), False
+        return _nibbles(b[..., 2:18]).reshape(n, k), d, -8 * d, False
     if blocks.qtype == "Q4_1":
         b = raw.reshape(n, k // 32, 20)
-        d, m = _f16(b[..., 0:2]), _f16(b[..., 2:4])
-        return _nibbles(b[..., 4:20]).reshape(n, k), d, m + f8 * d, False
+        return _nibbles(b[..., 4:20]).reshape(n, k), _f16(b[..., 0:2]), _f16(b[..., 2:4]), False
     if blocks.qtype == "Q8_0":
         b = raw.reshape(n, k // 32, 34)
         d = _f16(b[..., 0:2])
         q8 = np.ascontiguousarray(b[..., 2:34]).view(np.int8).astype(np.int32).reshape(n, k)
-        return (np.concatenate([(q8 >> 4) + 8, q8 & 15], 1), np.concatenate([16 * d, d], 1),
-                np.concatenate([np.zeros_like(d), f8 * d], 1), True)
+        return _halves(q8, d)
     if blocks.qtype in ("Q4_K", "Q5_K"):
         size = 144 if blocks.qtype == "Q4_K" else 176
         b = raw.reshape(n, k // 256, size)
         d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
         sc, mn = _k_scales(b[..., 4:16])
         scale = (d[..., None] * sc).reshape(n, k // 32)
-        zero = (f8 * d[..., None] * sc - dmin[..., None] * mn).reshape(n, k // 32)
+        low_min = (-dmin[..., None] * mn).reshape(n, k // 32)
         qs = b[..., size - 128:].reshape(n, k // 256, 4, 32)     # chunk c: sub-blocks 2c, 2c+1
         low = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)
         if blocks.qtype == "Q4_K":
-            return low, scale, zero, False
+            return low, scale, low_min, False
         bits = (b[..., 16:48][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
         high = bits.reshape(n, k).astype(np.int32) + 8            # bit j -> sub-block j
         return (np.concatenate([low, high], 1), np.concatenate([scale, 16 * scale], 1),
-                np.concatenate([zero, np.zeros_like(zero)], 1), True)
+                np.concatenate([low_min, -128 * scale], 1), True)
     raise ValueError(f"no int4 kernel mapping for {blocks.qtype}")
+
+
+def _halves(q8: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Signed 8-bit codes q8 [out, K] with scales d [out, K / 32] as two 4-bit halves:
+    q8 * d = ((q8 >> 4) + 8) * 16d - 128d + (q8 & 15) * d."""
+    return (np.concatenate([(q8 >> 4) + 8, q8 & 15], 1), np.concatenate([16 * d, d], 1),
+            np.concatenate([-128 * d, np.zeros_like(d)], 1), True)
 
 
 def quantize_dense(weight: torch.Tensor, kind: str
@@ -104,13 +107,10 @@ def quantize_dense(weight: torch.Tensor, kind: str
         lo, hi = w.min(-1), w.max(-1)
         d = ((hi - lo) / 15).astype(np.float32)
         q = np.clip(np.rint((w - lo[..., None]) / np.where(d > 0, d, 1)[..., None]), 0, 15)
-        return (q.astype(np.int32).reshape(weight.shape), d, (lo + 8 * d).astype(np.float32),
-                False)
+        return q.astype(np.int32).reshape(weight.shape), d, lo.astype(np.float32), False
     d = (np.abs(w).max(-1) / 127).astype(np.float32)
     q8 = np.clip(np.rint(w / np.where(d > 0, d, 1)[..., None]), -127, 127).astype(np.int32)
-    q8 = q8.reshape(weight.shape)
-    return (np.concatenate([(q8 >> 4) + 8, q8 & 15], 1), np.concatenate([16 * d, d], 1),
-            np.concatenate([np.zeros_like(d), 8 * d], 1), True)
+    return _halves(q8.reshape(weight.shape), d)
 
 
 def concat_rows(parts: list[Blocks]) -> Blocks | None:
