@@ -124,10 +124,13 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Activations of any float dtype: the kernels are fast with bfloat16 ones (float32
-        ones go through ATen's scalar loop ~270x slower), so they enter as bfloat16."""
+        ones go through ATen's scalar loop ~270x slower), so they enter as bfloat16; the
+        output comes in x's dtype."""
         xin = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         if self.amx is not None:
-            y = self.amx.int4_amx(xin, self.packed, self.scale_zero, self.doubled)
+            # float32 activations get float32 outputs (the tiles' sums unrounded)
+            y = self.amx.int4_amx(xin, self.packed, self.scale_zero, self.doubled,
+                                  x.dtype == torch.float32)
         else:
             if self.doubled:
                 xin = torch.cat([xin, xin], -1)

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 using at::Tensor;
@@ -93,9 +94,9 @@ inline void unpack_group(const uint8_t* codes, uint16_t* b) {
 #define GROUP_DOT(B, C, buf) _tile_zero(C); _tile_loadd(B, buf, 64); _tile_dpbf16ps(C, 0, B);
 
 // NT consecutive output tiles from `tile` on, for m <= 16 rows
-template <int NT, typename S>
+template <int NT, typename S, typename Y>
 void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, const S* sz,
-               int64_t groups, const float* xsum, int64_t tile, int64_t n, uint16_t* y) {
+               int64_t groups, const float* xsum, int64_t tile, int64_t n, Y* y) {
   int64_t kg = k / 32;
   alignas(64) uint16_t b[NT][16 * 32];
   alignas(64) float c[NT][TILE_ROWS * 16];
@@ -127,15 +128,19 @@ void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, c
     }
   }
   for (int j = 0; j < NT; ++j)
-    for (int64_t r = 0; r < m; ++r)
-      _mm256_storeu_si256((__m256i*)(y + r * n + (tile + j) * 16),
-                          (__m256i)_mm512_cvtneps_pbh(acc[j][r]));
+    for (int64_t r = 0; r < m; ++r) {
+      if constexpr (std::is_same_v<Y, float>)
+        _mm512_storeu_ps(y + r * n + (tile + j) * 16, acc[j][r]);
+      else
+        _mm256_storeu_si256((__m256i*)(y + r * n + (tile + j) * 16),
+                            (__m256i)_mm512_cvtneps_pbh(acc[j][r]));
+    }
 }
 
 // Every output tile for rows of x, 16 rows at a time; xsum [rows, k / 32] each row's group sums
-template <typename S>
+template <typename S, typename Y>
 void amx_product(const uint16_t* x, int64_t rows, int64_t k, const uint8_t* packed, const S* sz,
-                 int64_t tiles, int64_t groups, const float* xsum, uint16_t* y) {
+                 int64_t tiles, int64_t groups, const float* xsum, Y* y) {
   int64_t n = tiles * 16, kg = k / 32, units = (tiles + UNIT - 1) / UNIT;
   for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
     int64_t m = std::min(TILE_ROWS, rows - r0);
@@ -156,16 +161,26 @@ void amx_product(const uint16_t* x, int64_t rows, int64_t k, const uint8_t* pack
   }
 }
 
-// y [rows, n] bfloat16 from bfloat16 x [rows, k]
-Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_min, bool doubled) {
+// y [rows, n] from bfloat16 x [rows, k]: float32 when `float_out`, else bfloat16
+template <typename S>
+void amx_product_to(const uint16_t* x, int64_t rows, int64_t k, const uint8_t* packed,
+                    const S* sz, int64_t tiles, int64_t groups, const float* xsum, Tensor& y) {
+  if (y.scalar_type() == at::kFloat)
+    amx_product(x, rows, k, packed, sz, tiles, groups, xsum, y.data_ptr<float>());
+  else
+    amx_product(x, rows, k, packed, sz, tiles, groups, xsum,
+                reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));
+}
+
+Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_min, bool doubled,
+                bool float_out) {
   Tensor x = x_.contiguous();
   int64_t rows = x.size(0), k = x.size(1), kg = k / 32;
   int64_t tiles = packed.size(0), groups = packed.size(1);
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && k % 32 == 0 && groups == (doubled ? 2 : 1) * kg,
               "int4_amx: bfloat16 activations of the weights' width expected");
-  Tensor y = at::empty({rows, tiles * 16}, x.options());
+  Tensor y = at::empty({rows, tiles * 16}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
   const uint16_t* px = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
-  uint16_t* py = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   // each row's sum over each group (its two halves of 16 added lane-wise, then the lanes)
   std::vector<float> xsum(rows * kg);
   for (int64_t i = 0; i < rows * kg; ++i) {
@@ -176,11 +191,11 @@ Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_min,
   }
   const uint8_t* pq = packed.const_data_ptr<uint8_t>();
   if (scale_min.scalar_type() == at::kHalf)
-    amx_product(px, rows, k, pq, scale_min.const_data_ptr<at::Half>(), tiles, groups,
-                xsum.data(), py);
+    amx_product_to(px, rows, k, pq, scale_min.const_data_ptr<at::Half>(), tiles, groups,
+                   xsum.data(), y);
   else
-    amx_product(px, rows, k, pq, scale_min.const_data_ptr<float>(), tiles, groups, xsum.data(),
-                py);
+    amx_product_to(px, rows, k, pq, scale_min.const_data_ptr<float>(), tiles, groups,
+                   xsum.data(), y);
   return y;
 }
 
@@ -198,7 +213,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
   if (scale_zero) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (weight.dim() == 3) {    // packed for int4_amx ([tiles, groups, 256]; ATen's is 2-D)
-      Tensor y = int4_amx(x, weight, *scale_zero, doubled);
+      Tensor y = int4_amx(x, weight, *scale_zero, doubled, false);
       return bias ? y + *bias : y;
     }
 #endif
