@@ -4,9 +4,10 @@
 // The RMS norms, RoPE, attention's score scaling and masking and the sum of its partials are
 // plain loops doing each element's float operations as ATen's kernels round them, the norm's
 // one reduction (its sum) left to ATen. For short sequences attention runs as loops instead
-// (loop_attention, below; native.py says when). native.py builds this file (without
-// contracting a * b + c into one rounding) and says when it is used; change both paths
-// together.
+// (loop_attention, below; native.py says when). On CPUs with AMX the int4 products are this
+// file's int4_amx, in both paths (Int4Linear calls it too). compiled.py builds this file
+// (without contracting a * b + c into one rounding) and native.py says when it is used;
+// change both paths together.
 
 #include <torch/extension.h>
 
@@ -199,6 +200,57 @@ Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_min,
   return y;
 }
 
+// Attention's scores on the tiles (loop_attention's, for head sizes a multiple of 32):
+// out[r][j] = (q_r . k_j) * scale for keys j in [j0, j1) and the `rows` query rows of one head,
+// whose transposes `qt` (query_tiles) holds. Each score is C = 0, then C += the tiles' dot
+// product of each 32-wide part of q and k in turn: it depends on its query and key alone.
+void tile_scores(const uint16_t* qt, int64_t rows, int64_t d, const uint16_t* keys, int64_t ks,
+                 int64_t j0, int64_t j1, float scale, float* out, int64_t stride) {
+  int64_t parts = d / 32, groups = (rows + TILE_ROWS - 1) / TILE_ROWS;
+  std::vector<uint16_t> tail(TILE_ROWS * d);
+  alignas(64) float c[TILE_ROWS * 16];
+  for (int64_t k0 = j0; k0 < j1; k0 += TILE_ROWS) {
+    int64_t count = std::min(TILE_ROWS, j1 - k0);
+    const uint16_t* a = keys + k0 * ks;
+    int64_t a_stride = ks;
+    if (count < TILE_ROWS) {   // the last keys, copied so that no slot past them is read
+      std::fill(tail.begin(), tail.end(), 0);
+      for (int64_t i = 0; i < count; ++i) std::copy(a + i * ks, a + i * ks + d, tail.data() + i * d);
+      a = tail.data();
+      a_stride = d;
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      _tile_zero(4);
+      for (int64_t part = 0; part < parts; ++part) {
+        _tile_loadd(0, a + part * 32, a_stride * 2);
+        _tile_loadd(1, qt + (g * parts + part) * 512, 64);
+        _tile_dpbf16ps(4, 0, 1);
+      }
+      _tile_stored(4, c, 64);
+      for (int64_t r = g * TILE_ROWS; r < std::min(rows, (g + 1) * TILE_ROWS); ++r)
+        for (int64_t i = 0; i < count; ++i)
+          out[r * stride + k0 + i] = c[i * 16 + r % TILE_ROWS] * scale;
+    }
+  }
+}
+
+// The query rows of each head (q bfloat16 [heads * q_len, d], a head's `rows` consecutive) as
+// tile_scores' operands: per head, 16 rows at a time and 32 columns at a time, the pairs of
+// columns (2i, 2i + 1) of each row side by side (AMX's pair-interleaved layout), zero rows past
+// the head's last.
+std::vector<uint16_t> query_tiles(const uint16_t* q, int64_t kv_heads, int64_t rows, int64_t d) {
+  int64_t parts = d / 32, groups = (rows + TILE_ROWS - 1) / TILE_ROWS;
+  std::vector<uint16_t> qt(kv_heads * groups * parts * 512, 0);
+  for (int64_t h = 0; h < kv_heads; ++h)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t col = 0; col < d; ++col) {
+        int64_t g = r / TILE_ROWS, part = col / 32, i = col % 32;
+        qt[((h * groups + g) * parts + part) * 512 + i / 2 * 32 + r % TILE_ROWS * 2 + i % 2] =
+            q[(h * rows + r) * d + col];
+      }
+  return qt;
+}
+
 // Asks Linux for the tiles' register state (once a process; false where it refuses).
 bool amx_ready() {
   constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
@@ -338,22 +390,22 @@ Tensor combine(const Tensor& partials, int64_t q_len) {
   const float* pp = src.const_data_ptr<float>();
   Tensor out = at::empty({q_len, kv_heads * group * d}, partials.options().dtype(at::kBFloat16));
   at::BFloat16* po = out.data_ptr<at::BFloat16>();
-  std::vector<float> sums(size);
-  for (int64_t h = 0; h < kv_heads; ++h) {
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t g = r / q_len, t = r % q_len;
-      for (int64_t j = 0; j < d; ++j) {
-        for (int64_t c = 0; c < size; ++c) {
-          sums[c] = c < chunks ? pp[((h * chunks + c) * rows + r) * d + j] : 0.0f;
-        }
-        for (int64_t width = size; width > 1; width /= 2) {
-          for (int64_t c = 0; c < width / 2; ++c) sums[c] = sums[2 * c] + sums[2 * c + 1];
-        }
-        po[t * kv_heads * group * d + (h * group + g) * d + j] =
-            static_cast<at::BFloat16>(sums[0]);
-      }
+  // a (head, row) at a time, all d columns of each step together
+  at::parallel_for(0, kv_heads * rows, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> sums(size * d);
+    for (int64_t unit = first; unit < last; ++unit) {
+      int64_t h = unit / rows, r = unit % rows, g = r / q_len, t = r % q_len;
+      for (int64_t c = 0; c < size; ++c)
+        for (int64_t j = 0; j < d; ++j)
+          sums[c * d + j] = c < chunks ? pp[((h * chunks + c) * rows + r) * d + j] : 0.0f;
+      for (int64_t width = size; width > 1; width /= 2)
+        for (int64_t c = 0; c < width / 2; ++c)
+          for (int64_t j = 0; j < d; ++j)
+            sums[c * d + j] = sums[2 * c * d + j] + sums[(2 * c + 1) * d + j];
+      at::BFloat16* dst = po + t * kv_heads * group * d + (h * group + g) * d;
+      for (int64_t j = 0; j < d; ++j) dst[j] = static_cast<at::BFloat16>(sums[j]);
     }
-  }
+  });
   return out;
 }
 
@@ -416,9 +468,12 @@ Tensor grouped_attention(const Tensor& q, const Tensor& key_buf, const Tensor& v
 // ancestors. Row (t, head) reads its logical keys in order: slots [0, start), its block slots
 // in `order` (ancestors first, by depth; the mask added), then slots [start + q_len, n).
 // Scores: q.k in float32, each of 16 lanes summing every 16th product in turn, the lanes then
-// pairwise, times scale; the softmax is ATen's over rows padded with -inf to whole chunks (as
-// grouped_attention's); the output sums p * v in float32 over each CHUNK of logical columns
-// in order, skipping p == 0, and the chunks' partials pairwise (combine, as grouped_attention).
+// pairwise, times scale; on CPUs with AMX, for head sizes a multiple of 32, the tiles' dot
+// products instead (tile_scores: every slot's score in slot order, a tree's block then put in
+// each row's order; a process uses one or the other throughout). The softmax is ATen's over
+// rows padded with -inf to whole chunks (as grouped_attention's); the output sums p * v in
+// float32 over each CHUNK of logical columns in order, skipping p == 0, and the chunks'
+// partials pairwise (combine, as grouped_attention).
 // Heads, key tiles and chunks run in parallel. Two small bfloat16 products through oneDNN
 // cost ~25 us each a layer whatever their size.
 constexpr int64_t LANES = 16;
@@ -533,15 +588,39 @@ void score_keys(const float* __restrict__ q, int64_t d, const at::BFloat16* __re
 }
 
 // acc (4 rows of d) += p * v over keys [j0, j1), in order, for `count` rows of probabilities
-// (rows `stride` apart), skipping p == 0; D as for score_keys.
+// (rows `stride` apart), skipping p == 0; D as for score_keys. With D known, 64 columns at a
+// time stay in registers over all the keys (each element's sum still runs over the keys in
+// order: the same operations as add_scaled's).
 template <int64_t D>
 void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64_t stride,
                      int64_t count, const at::BFloat16* __restrict__ values, int64_t vs,
                      int64_t j0, int64_t j1, int64_t d) {
-  for (int64_t j = j0; j < j1; ++j) {
-    float w[4] = {};
-    for (int64_t i = 0; i < count; ++i) w[i] = p[i * stride + j];
-    add_scaled<4>(acc, w, values + j * vs, D ? D : d);
+  if constexpr (D % 64 == 0 && D > 0) {
+    constexpr int64_t V = 64 / LANES;
+    for (int64_t c = 0; c < D; c += 64) {
+      lanes_t a[4][V];
+      for (int r = 0; r < 4; ++r)
+        for (int64_t i = 0; i < V; ++i) a[r][i] = load_lanes(acc + r * D + c + i * LANES);
+      for (int64_t j = j0; j < j1; ++j) {
+        float w[4] = {};
+        for (int64_t i = 0; i < count; ++i) w[i] = p[i * stride + j];
+        const at::BFloat16* v = values + j * vs + c;
+        for (int64_t i = 0; i < V; ++i) {
+          lanes_t value = load_lanes(v + i * LANES);
+          for (int r = 0; r < 4; ++r)
+            if (w[r] != 0.0f) a[r][i] = a[r][i] + w[r] * value;
+        }
+      }
+      for (int r = 0; r < 4; ++r)
+        for (int64_t i = 0; i < V; ++i)
+          std::memcpy(acc + r * D + c + i * LANES, &a[r][i], sizeof(lanes_t));
+    }
+  } else {
+    for (int64_t j = j0; j < j1; ++j) {
+      float w[4] = {};
+      for (int64_t i = 0; i < count; ++i) w[i] = p[i * stride + j];
+      add_scaled<4>(acc, w, values + j * vs, D ? D : d);
+    }
   }
 }
 
@@ -553,7 +632,7 @@ constexpr int64_t TILE = 64;
 
 Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& value_buf,
                       int64_t start, int64_t n, const std::optional<Tensor>& mask,
-                      const std::optional<Tensor>& order, double scale) {
+                      const std::optional<Tensor>& order, double scale, bool tiles_on) {
   int64_t q_len = q.size(0), heads = q.size(1), d = q.size(2);
   int64_t kv_heads = key_buf.size(0), rows = heads / kv_heads * q_len;   // rows of a head
   int64_t padded = (n + CHUNK - 1) / CHUNK * CHUNK, end = start + q_len;
@@ -580,8 +659,31 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   AccumulateKeys accumulate = d == 64    ? accumulate_keys<64>
                               : d == 128 ? accumulate_keys<128>
                                          : accumulate_keys<0>;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  // on the tiles, the scores of every slot, the block's in slot order, a (head, tile) at a time
+  bool on_tiles = tiles_on && d % 32 == 0;
+  if (on_tiles) {
+    Tensor qb = q.transpose(0, 1).reshape({heads * q_len, d}).contiguous();
+    std::vector<uint16_t> qt = query_tiles(
+        reinterpret_cast<const uint16_t*>(qb.const_data_ptr<at::BFloat16>()), kv_heads, rows, d);
+    int64_t per_head = qt.size() / kv_heads;
+    at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t first, int64_t last) {
+      configure_tiles(TILE_ROWS);
+      for (int64_t unit = first; unit < last; ++unit) {
+        int64_t h = unit / tiles, from = unit % tiles * TILE, to = std::min(from + TILE, n);
+        tile_scores(qt.data() + h * per_head, rows, d,
+                    reinterpret_cast<const uint16_t*>(pk + h * key_buf.stride(0)), ks, from, to,
+                    scalef, ps + h * rows * padded, padded);
+      }
+      _tile_release();
+    });
+  }
+#else
+  TORCH_CHECK(!tiles_on, "loop_attention: built without AMX");
+  bool on_tiles = false;
+#endif
   // scores of the slots outside the block, a (head, tile) at a time
-  at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t first, int64_t last) {
+  if (!on_tiles) at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t first, int64_t last) {
     for (int64_t unit = first; unit < last; ++unit) {
       int64_t h = unit / tiles, from = unit % tiles * TILE, to = std::min(from + TILE, n);
       const at::BFloat16* keys = pk + h * key_buf.stride(0);
@@ -606,14 +708,18 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       int64_t t = row % q_len;
       const at::BFloat16* keys = pk + row / rows * key_buf.stride(0);
       float* out = ps + row * padded;
+      // on the tiles, the block's scores in slot order, to be put in the row's order
+      std::vector<float> in_slots(on_tiles && pord ? q_len : 0);
+      std::copy(out + start, out + start + in_slots.size(), in_slots.begin());
       for (int64_t c = 0; pm && c < q_len; ++c) {
         int64_t from = block_slot(t, c);
         float add = static_cast<float>(pm[t * q_len + from]);
         if (add == -INFINITY) {
           out[start + c] = -INFINITY;
         } else {
-          float v = pord ? dot(pq + row * d, keys + (start + from) * ks, d) * scalef
-                         : out[start + c];
+          float v = !pord     ? out[start + c]
+                    : on_tiles ? in_slots[from]
+                               : dot(pq + row * d, keys + (start + from) * ks, d) * scalef;
           out[start + c] = v + add;
         }
       }
@@ -674,7 +780,7 @@ std::tuple<Tensor, std::vector<Tensor>> layers(Tensor x, const Tensor& cos, cons
               int64_t start, int64_t n, const std::optional<Tensor>& mask,
               const std::optional<Tensor>& order, int64_t heads,
               int64_t kv_heads, int64_t head_dim, int64_t bucket, double eps, double scale,
-              bool want_queries, bool loops) {
+              bool want_queries, bool loops, bool tiles) {
   int64_t q_len = x.size(0), hidden = x.size(1);
   std::vector<Tensor> queries;
   int64_t nq = heads * head_dim, nkv = kv_heads * head_dim;
@@ -699,7 +805,7 @@ std::tuple<Tensor, std::vector<Tensor>> layers(Tensor x, const Tensor& cos, cons
     key_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(k.transpose(0, 1));
     value_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(v.transpose(0, 1));
     Tensor out = loops ? loop_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order,
-                                        scale)
+                                        scale, tiles)
                        : grouped_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order,
                                            bucket, scale);
     x = x + product(4 * l + 1, out);

@@ -24,7 +24,7 @@ from types import ModuleType
 import torch
 
 from ..cache.base import CHUNK, AttentionPlan, KVCache
-from .compiled import extension
+from .compiled import amx_int4, extension
 from .linear import Int4Linear, min_rows
 
 # Longest sequence whose attention runs as native.cpp's loops: below it they cost less than
@@ -60,6 +60,7 @@ class NativeLayers:
         self.bucket_rows = min_rows(c.head_dim, CHUNK)
         self.scale = c.head_dim ** -0.5
         self.loops = False
+        self.tiles = amx_int4() is not None     # the loops' scores on AMX tiles
 
     def set_context(self, seq_len: int) -> None:
         """Attention as loops for sequences of up to LOOP_CONTEXT positions, else as
@@ -75,7 +76,7 @@ class NativeLayers:
             x, cos, sin, self.norms, self.qk_norms, self.weights, self.scale_zero, self.sizes,
             self.doubled, self.bias, cache.k, cache.v, plan.start, plan.n_keys, plan.block_mask,
             plan.block_order, c.num_heads, c.num_kv_heads, c.head_dim, max(rows, self.bucket_rows),
-            c.rms_norm_eps, self.scale, queries, self.loops)
+            c.rms_norm_eps, self.scale, queries, self.loops, self.tiles)
         return out, last_queries if queries else None
 
 
