@@ -2,9 +2,9 @@
 halves, biases, dense products beside int4 ones) and for Qwen3's query and key norms:
 - with attention as products (long sequences) they write exactly what the Python layers write:
   the same logits, queries and cache, bit for bit, for chains and draft trees;
-- with attention as loops (sequences up to LOOP_CONTEXT) every row of a chain or a tree is
-  bitwise what its token gets run alone after its ancestors, and against float32 the logits
-  are no further off than twice the product path's."""
+- with attention as loops (sequences up to the layers' loop_context) every row of a chain or a
+  tree is bitwise what its token gets run alone after its ancestors, and against float32 the
+  logits are no further off than twice the product path's."""
 
 import pytest
 import torch
@@ -14,7 +14,6 @@ from helpers import make_checkpoint
 import longspec
 from longspec.cache import StaticCache
 from longspec.models.compiled import extension
-from longspec.models.native import LOOP_CONTEXT
 from longspec.models.prefill import prefill
 from longspec.tree import TreeShape
 
@@ -24,10 +23,13 @@ pytestmark = pytest.mark.skipif(extension() is None,
 
 def int4_models(path, family: str):
     """(compiled, python) loads of one int4 model of `family`."""
-    kind = {"llama-q4_1": ("llama", "Q4_1"), "llama-q8_0": ("llama", "Q8_0")}.get(family)
-    # sizes that give a GQA group of 3, as SmolLM2 has
-    hf = make_checkpoint(path / "hf", kind[0] if kind else family, hidden=192, intermediate=512,
-                         heads=6, kv_heads=2, vocab=320, max_positions=1024)
+    kind = {"llama-q4_1": ("llama", "Q4_1"), "llama-q8_0": ("llama", "Q8_0"),
+            "llama-q4_1-head48": ("llama", "Q4_1")}.get(family)
+    # sizes that give a GQA group of 3, as SmolLM2 has; heads of 32, or 48 (the loops' scores
+    # then stay off AMX's tiles, which take 32 columns at a time)
+    hidden = 288 if family.endswith("head48") else 192
+    hf = make_checkpoint(path / "hf", kind[0] if kind else family, hidden=hidden,
+                         intermediate=512, heads=6, kv_heads=2, vocab=320, max_positions=1024)
     if kind:
         write_gguf(hf, path / "m.gguf", kind[1])
         load = {"path": path / "m.gguf"}
@@ -66,9 +68,10 @@ def blocks():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_compiled_layers_equal_the_python_layers_bitwise(tmp_path, monkeypatch, family):
+def test_compiled_layers_equal_the_python_layers_bitwise(tmp_path, family):
     compiled, python = int4_models(tmp_path, family)
-    caches = [prefilled(model, LOOP_CONTEXT + 1) for model in (compiled, python)]
+    caches = [prefilled(model, compiled.net.native.loop_context + 1)
+              for model in (compiled, python)]
     assert not compiled.net.native.loops
     for tokens, shape in blocks():
         q = len(shape.depth)
@@ -89,8 +92,8 @@ def alone(model, cache, tokens: list[int]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_loop_attention_rows_equal_tokens_run_alone(tmp_path, monkeypatch, family):
+@pytest.mark.parametrize("family", [*FAMILIES, "llama-q4_1-head48"])
+def test_loop_attention_rows_equal_tokens_run_alone(tmp_path, family):
     compiled, python = int4_models(tmp_path, family)
     reference = longspec.load_model(tmp_path / "m.gguf", device="cpu", dtype="float32",
                                     dequantize=True) if family.startswith("llama") else None
@@ -115,7 +118,7 @@ def test_loop_attention_rows_equal_tokens_run_alone(tmp_path, monkeypatch, famil
         assert ours_error <= 2 * (theirs.logits.float() - exact).abs().max(), f"{q} nodes"
 
 
-def test_loop_attention_prefill_writes_the_cache_decoding_writes(tmp_path, monkeypatch):
+def test_loop_attention_prefill_writes_the_cache_decoding_writes(tmp_path):
     compiled, _ = int4_models(tmp_path, "llama-q4_1")
     cache = prefilled(compiled, CONTEXT + 40)
     tokens = torch.randint(0, 320, (CONTEXT,), generator=torch.Generator().manual_seed(0))
@@ -127,7 +130,7 @@ def test_loop_attention_prefill_writes_the_cache_decoding_writes(tmp_path, monke
                for a, b in zip(cache.k + cache.v, one_by_one.k + one_by_one.v))
 
 
-def test_loop_attention_resume_equals_the_uninterrupted_run(tmp_path, monkeypatch):
+def test_loop_attention_resume_equals_the_uninterrupted_run(tmp_path):
     # a resumed run prefills the tokens the interrupted one decoded: the same cache
     compiled, _ = int4_models(tmp_path, "llama-q4_1")
     kwargs = {"max_new_tokens": 40, "method": "ar", "seed": 3, "ignore_eos": True,
