@@ -38,9 +38,9 @@ constexpr int64_t MAX_ROWS = 32;  // linear.py's MAX_ROWS
 // times W [n, k]^T, W = q * scale + min per group of 32 along k. Each group's dot product runs
 // on the tiles, sum_k q x (every product exact in float32, the codes being small integers), and
 // is then scaled on the vector unit: acc = fma(dot, scale, acc), then acc = fma(sum_k x, min,
-// acc), the groups in order. Row r's output depends on row r alone,
-// and one pass over the weights serves up to 16 rows: 16 rows cost ~1.3x one row, where
-// ATen's int4 kernel costs ~16x (linear.py; BENCHMARKS.md).
+// acc), the groups in order. Row r's output depends on row r alone, and one pass over the
+// weights serves up to 16 rows: 16 rows cost ~1.3x one row, where ATen's int4 kernel costs
+// ~16x (linear.py; BENCHMARKS.md).
 //
 // Layout (linear.py's pack_amx): packed [n / 16, groups, 256] uint8 holds a tile of 16 outputs
 // by one group: byte 32 c + i has in its low nibble element i of the tile's row c (the pair of
@@ -71,7 +71,7 @@ constexpr int64_t TILE_ROWS = 16;   // rows (of x) and outputs a tile holds
 constexpr int UNIT = 3;             // output tiles per pass: three B and three C tiles
 
 // tile 0: m rows of x's group (32 bfloat16); 1-3: the weights of three output tiles;
-// 4-6: their m x 16 float sums
+// 4-6: their m x 16 float sums (tile_scores uses 0, 1 and 4 with m = 16)
 void configure_tiles(int64_t m) {
   TileConfig cfg;
   for (int t = 0; t < 7; ++t) {
@@ -86,8 +86,9 @@ inline void unpack_group(const uint8_t* codes, uint16_t* b) {
   const __m512i low = _mm512_set1_epi16(0x0F);
   for (int c = 0; c < 8; ++c) {
     __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(codes + c * 32)));
-    _mm512_store_si512(b + c * 32, _mm512_permutexvar_epi16(_mm512_and_si512(w, low), CODE_VALUES));
-    _mm512_store_si512(b + (c + 8) * 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), CODE_VALUES));
+    __m512i low_codes = _mm512_and_si512(w, low), high_codes = _mm512_srli_epi16(w, 4);
+    _mm512_store_si512(b + c * 32, _mm512_permutexvar_epi16(low_codes, CODE_VALUES));
+    _mm512_store_si512(b + (c + 8) * 32, _mm512_permutexvar_epi16(high_codes, CODE_VALUES));
   }
 }
 
@@ -178,9 +179,11 @@ Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_min,
   Tensor x = x_.contiguous();
   int64_t rows = x.size(0), k = x.size(1), kg = k / 32;
   int64_t tiles = packed.size(0), groups = packed.size(1);
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && k % 32 == 0 && groups == (doubled ? 2 : 1) * kg,
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && k % 32 == 0 &&
+                  groups == (doubled ? 2 : 1) * kg,
               "int4_amx: bfloat16 activations of the weights' width expected");
-  Tensor y = at::empty({rows, tiles * 16}, x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
+  Tensor y = at::empty({rows, tiles * 16},
+                       x.options().dtype(float_out ? at::kFloat : at::kBFloat16));
   const uint16_t* px = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
   // each row's sum over each group (its two halves of 16 added lane-wise, then the lanes)
   std::vector<float> xsum(rows * kg);
@@ -215,7 +218,8 @@ void tile_scores(const uint16_t* qt, int64_t rows, int64_t d, const uint16_t* ke
     int64_t a_stride = ks;
     if (count < TILE_ROWS) {   // the last keys, copied so that no slot past them is read
       std::fill(tail.begin(), tail.end(), 0);
-      for (int64_t i = 0; i < count; ++i) std::copy(a + i * ks, a + i * ks + d, tail.data() + i * d);
+      for (int64_t i = 0; i < count; ++i)
+        std::copy(a + i * ks, a + i * ks + d, tail.data() + i * d);
       a = tail.data();
       a_stride = d;
     }
