@@ -17,7 +17,7 @@ from gguf_writer import K_QUANTS, encode, reference, write_gguf
 from helpers import make_checkpoint, our_logits
 
 import longspec
-from longspec.models.linear import Int4Linear
+from longspec.models.linear import Int4Linear, joined_halves
 from longspec.models.quant import Blocks, kernel_operands, quantize_dense
 
 KERNEL = torch.ops.aten._weight_int4pack_mm_for_cpu
@@ -77,6 +77,24 @@ def test_int4_layer_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     ours = layer(torch.eye(K, dtype=torch.bfloat16)).float().t()
     bound = ((16 * np.abs(scales) + np.abs(mins)).max() + gguf_values.abs().max()) * 2.0 ** -8
     assert (ours - gguf_values.reshape(N, K)).abs().max() <= bound
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_K"])
+def test_two_halves_join_into_8_bit_codes_of_the_same_values(qtype):
+    codes, scales, mins, doubled = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+                                    for a in kernel_operands(gguf_matrix(qtype)))
+    q, scale, low = joined_halves(codes, scales, mins)
+    assert doubled and q.min() >= -128 and q.max() <= 127
+
+    def weights(c, s, m):
+        return (c.double() * s.double().repeat_interleave(32, 1)
+                + m.double().repeat_interleave(32, 1))
+
+    halves = weights(codes, scales, mins)
+    assert torch.equal(weights(q, scale, low), halves[:, :K] + halves[:, K:])
+    other = scales.clone()
+    other[:, :other.shape[1] // 2] *= 2                        # halves of other scales stay so
+    assert joined_halves(codes, other, mins) is None
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])

@@ -70,18 +70,42 @@ class DenseLinear(nn.Module):
         return y[:rows] if short else y
 
 
-def pack_amx(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+def joined_halves(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A matrix of two 4-bit halves (Q8_0, Q5_K) as one of 8-bit codes, q = 16 high + low - 128
+    with the low half's scale, where one half's scales are 16 times the other's (that half the
+    high one) and the mins then add up exactly (every weight the same value); else None."""
+    k, g = codes.shape[1] // 2, scales.shape[1] // 2
+    halves = [(codes[:, :k], scales[:, :g].float(), mins[:, :g].double()),
+              (codes[:, k:], scales[:, g:].float(), mins[:, g:].double())]
+    if torch.equal(halves[1][1], 16 * halves[0][1]):
+        halves.reverse()
+    (high, high_scale, high_min), (low, low_scale, low_min) = halves
+    if not torch.equal(high_scale, 16 * low_scale):
+        return None
+    joined = high_min + 128 * low_scale.double() + low_min
+    if not torch.equal(joined.float().double(), joined):
+        return None
+    return 16 * high + low - 128, low_scale, joined.float()
+
+
+def pack_amx(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel operands in native.cpp's int4_amx layout: codes [out, K'] -> uint8
+    """Kernel operands in native.cpp's int4_amx layout. 4-bit codes [out, K'] -> uint8
     [out / 16, K' / 32, 256] (per tile of 16 outputs and group of 32: the bytes of 8 rows of k
-    pairs, each row's 32 codes in the low nibbles, rows 8-15 in the high ones); scales and mins
-    -> [out / 16, K' / 32, 2, 16] in float16 where every one of them is a float16 value (GGUF's
-    Q4_0, Q4_1 and Q8_0: 4 bytes a group, not 8), else float32."""
+    pairs, each row's 32 codes in the low nibbles, rows 8-15 in the high ones); 8-bit codes ->
+    int8 [out / 16, K' / 32, 512] (the 16 rows as they are). Scales and mins -> [out / 16,
+    K' / 32, 2, 16] in float16 where every one of them is a float16 value (GGUF's Q4_0, Q4_1
+    and Q8_0: 4 bytes a group, not 8), else float32."""
     out, k = codes.shape
     tiles, groups = out // 16, k // 32
     rows = (codes.reshape(tiles, 16, groups, 16, 2).permute(0, 2, 3, 1, 4)
-            .reshape(tiles, groups, 16, 32).to(torch.uint8))
-    packed = (rows[:, :, :8] | (rows[:, :, 8:] << 4)).reshape(tiles, groups, 256)
+            .reshape(tiles, groups, 16, 32))
+    if bits == 8:
+        packed = rows.to(torch.int8).reshape(tiles, groups, 512)
+    else:
+        rows = rows.to(torch.uint8)
+        packed = (rows[:, :, :8] | (rows[:, :, 8:] << 4)).reshape(tiles, groups, 256)
     per_tile = torch.stack([t.float().reshape(tiles, 16, groups).transpose(1, 2)
                             for t in (scales, mins)], 2)
     if torch.equal(per_tile.half().float(), per_tile):
@@ -96,7 +120,8 @@ class Int4Linear(nn.Module):
 
     On a CPU with AMX tiles the product is native.cpp's `int4_amx`: scales and mins exact
     (float16 or float32), sum_k q x per group on the tiles, and one pass over the weights for
-    up to 16 rows (a 16-row product costs ~1.3x a 1-row one). Elsewhere it is ATen's int4
+    up to 16 rows (a 16-row product costs ~1.3x a 1-row one); two halves whose scales allow it
+    run as one matrix of 8-bit codes (Q8_0, Q5_K). Elsewhere it is ATen's int4
     kernel, W = (q - 8) * scale + zero with the scale and zero in bfloat16, which costs ~1x
     more per row past 4 rows. Both are row-invariant."""
 
@@ -108,8 +133,12 @@ class Int4Linear(nn.Module):
         self.doubled = doubled
         self.out_features = codes.shape[0]
         self.amx = amx_int4() if group == 32 else None
-        if self.amx is not None:
-            packed, scale_zero = pack_amx(codes, scales, mins)
+        joined = joined_halves(codes, scales, mins) if self.amx is not None and doubled else None
+        if joined is not None:      # one 8-bit group where there were two 4-bit ones
+            self.doubled = False
+            packed, scale_zero = pack_amx(*joined, bits=8)
+        elif self.amx is not None:
+            packed, scale_zero = pack_amx(codes, scales, mins, bits=4)
         else:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 codes.to(torch.int32).contiguous(), 1)

@@ -45,8 +45,9 @@ constexpr int64_t MAX_ROWS = 32;  // linear.py's MAX_ROWS
 // Layout (linear.py's pack_amx): packed [n / 16, groups, 256] uint8 holds a tile of 16 outputs
 // by one group: byte 32 c + i has in its low nibble element i of the tile's row c (the pair of
 // k = 2c, 2c + 1 for the 16 outputs, AMX's pair-interleaved layout: output i / 2, k + i % 2)
-// and in its high nibble element i of row c + 8. scale_min [n / 16, groups, 2, 16], float16
-// or float32.
+// and in its high nibble element i of row c + 8; or, for 8-bit codes (Q8_0, Q5_K), int8
+// [n / 16, groups, 512], byte 32 c + i element i of row c. scale_min [n / 16, groups, 2, 16],
+// float16 or float32.
 // Formats of two halves (doubled) have 2 k / 32 groups, the second half over x again.
 
 // bfloat16 of the codes q = 0..15
@@ -92,13 +93,24 @@ inline void unpack_group(const uint8_t* codes, uint16_t* b) {
   }
 }
 
+// the same from 8-bit codes (signed, already in the B tile's order: 16 rows of 32 bytes)
+inline void unpack_group8(const int8_t* codes, uint16_t* b) {
+  for (int c = 0; c < 16; ++c) {
+    const __m128i* row = reinterpret_cast<const __m128i*>(codes + c * 32);
+    __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(row)));
+    __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(row + 1)));
+    _mm512_store_si512(b + c * 32, (__m512i)_mm512_cvtne2ps_pbh(second, first));
+  }
+}
+
 // the tile macros take their tile numbers as literals
 #define GROUP_DOT(B, C, buf) _tile_zero(C); _tile_loadd(B, buf, 64); _tile_dpbf16ps(C, 0, B);
 
-// NT consecutive output tiles from `tile` on, for m <= 16 rows
-template <int NT, typename S, typename Y>
+// NT consecutive output tiles from `tile` on, for m <= 16 rows, from codes of BITS (4 or 8)
+template <int NT, int BITS, typename S, typename Y>
 void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, const S* sz,
                int64_t groups, const float* xsum, int64_t tile, int64_t n, Y* y) {
+  constexpr int64_t GROUP_BYTES = 16 * 32 * BITS / 8;
   int64_t kg = k / 32;
   alignas(64) uint16_t b[NT][16 * 32];
   alignas(64) float c[NT][TILE_ROWS * 16];
@@ -107,7 +119,13 @@ void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, c
     for (int64_t r = 0; r < m; ++r) acc[j][r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     _tile_loadd(0, x + (g % kg) * 32, k * 2);
-    for (int j = 0; j < NT; ++j) unpack_group(packed + ((tile + j) * groups + g) * 256, b[j]);
+    for (int j = 0; j < NT; ++j) {
+      const uint8_t* codes = packed + ((tile + j) * groups + g) * GROUP_BYTES;
+      if constexpr (BITS == 4)
+        unpack_group(codes, b[j]);
+      else
+        unpack_group8(reinterpret_cast<const int8_t*>(codes), b[j]);
+    }
     GROUP_DOT(1, 4, b[0]);
     _tile_stored(4, c[0], 64);
     if constexpr (NT == UNIT) {
@@ -140,7 +158,7 @@ void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, c
 }
 
 // Every output tile for rows of x, 16 rows at a time; xsum [rows, k / 32] each row's group sums
-template <typename S, typename Y>
+template <int BITS, typename S, typename Y>
 void amx_product(const uint16_t* x, int64_t rows, int64_t k, const uint8_t* packed, const S* sz,
                  int64_t tiles, int64_t groups, const float* xsum, Y* y) {
   int64_t n = tiles * 16, kg = k / 32, units = (tiles + UNIT - 1) / UNIT;
@@ -152,10 +170,10 @@ void amx_product(const uint16_t* x, int64_t rows, int64_t k, const uint8_t* pack
       configure_tiles(m);
       for (int64_t u = u0; u < u1; ++u) {
         if ((u + 1) * UNIT <= tiles) {
-          amx_tiles<UNIT>(xr, m, k, packed, sz, groups, sr, u * UNIT, n, y + r0 * n);
+          amx_tiles<UNIT, BITS>(xr, m, k, packed, sz, groups, sr, u * UNIT, n, y + r0 * n);
         } else {
           for (int64_t t = u * UNIT; t < tiles; ++t)
-            amx_tiles<1>(xr, m, k, packed, sz, groups, sr, t, n, y + r0 * n);
+            amx_tiles<1, BITS>(xr, m, k, packed, sz, groups, sr, t, n, y + r0 * n);
         }
       }
       _tile_release();
@@ -165,13 +183,17 @@ void amx_product(const uint16_t* x, int64_t rows, int64_t k, const uint8_t* pack
 
 // y [rows, n] from bfloat16 x [rows, k]: float32 when `float_out`, else bfloat16
 template <typename S>
-void amx_product_to(const uint16_t* x, int64_t rows, int64_t k, const uint8_t* packed,
-                    const S* sz, int64_t tiles, int64_t groups, const float* xsum, Tensor& y) {
-  if (y.scalar_type() == at::kFloat)
-    amx_product(x, rows, k, packed, sz, tiles, groups, xsum, y.data_ptr<float>());
-  else
-    amx_product(x, rows, k, packed, sz, tiles, groups, xsum,
-                reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));
+void amx_product_to(const uint16_t* x, int64_t rows, int64_t k, const Tensor& packed,
+                    const S* sz, int64_t groups, const float* xsum, Tensor& y) {
+  int64_t tiles = packed.size(0);
+  const uint8_t* codes = static_cast<const uint8_t*>(packed.const_data_ptr());
+  uint16_t* y16 = reinterpret_cast<uint16_t*>(y.data_ptr());
+  float* y32 = reinterpret_cast<float*>(y.data_ptr());
+  bool wide = packed.scalar_type() == at::kChar, to_float = y.scalar_type() == at::kFloat;
+  if (wide && to_float) amx_product<8>(x, rows, k, codes, sz, tiles, groups, xsum, y32);
+  if (wide && !to_float) amx_product<8>(x, rows, k, codes, sz, tiles, groups, xsum, y16);
+  if (!wide && to_float) amx_product<4>(x, rows, k, codes, sz, tiles, groups, xsum, y32);
+  if (!wide && !to_float) amx_product<4>(x, rows, k, codes, sz, tiles, groups, xsum, y16);
 }
 
 Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_min, bool doubled,
@@ -193,13 +215,12 @@ Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_min,
     __m512 high = _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64(both, 1));
     xsum[i] = _mm512_reduce_add_ps(_mm512_add_ps(low, high));
   }
-  const uint8_t* pq = packed.const_data_ptr<uint8_t>();
   if (scale_min.scalar_type() == at::kHalf)
-    amx_product_to(px, rows, k, pq, scale_min.const_data_ptr<at::Half>(), tiles, groups,
+    amx_product_to(px, rows, k, packed, scale_min.const_data_ptr<at::Half>(), groups,
                    xsum.data(), y);
   else
-    amx_product_to(px, rows, k, pq, scale_min.const_data_ptr<float>(), tiles, groups,
-                   xsum.data(), y);
+    amx_product_to(px, rows, k, packed, scale_min.const_data_ptr<float>(), groups, xsum.data(),
+                   y);
   return y;
 }
 
