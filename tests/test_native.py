@@ -24,10 +24,12 @@ pytestmark = pytest.mark.skipif(extension() is None,
 def int4_models(path, family: str):
     """(compiled, python) loads of one int4 model of `family`."""
     kind = {"llama-q4_1": ("llama", "Q4_1"), "llama-q8_0": ("llama", "Q8_0"),
-            "llama-q4_1-head48": ("llama", "Q4_1")}.get(family)
-    # sizes that give a GQA group of 3, as SmolLM2 has; heads of 32, or 48 (the loops' scores
-    # then stay off AMX's tiles, which take 32 columns at a time)
-    hidden = 288 if family.endswith("head48") else 192
+            "llama-q4_1-head48": ("llama", "Q4_1"),
+            "llama-q4_1-head64": ("llama", "Q4_1")}.get(family)
+    # sizes that give a GQA group of 3, as SmolLM2 has; heads of 32, 48 (the loops' scores then
+    # stay off AMX's tiles, which take 32 columns at a time) or 64 (SmolLM2's: p . v on the
+    # tiles too, which take 64 at a time)
+    hidden = {"head48": 288, "head64": 384}.get(family.rsplit("-", 1)[-1], 192)
     hf = make_checkpoint(path / "hf", kind[0] if kind else family, hidden=hidden,
                          intermediate=512, heads=6, kv_heads=2, vocab=320, max_positions=1024)
     if kind:
@@ -92,7 +94,7 @@ def alone(model, cache, tokens: list[int]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "llama-q4_1-head48"])
+@pytest.mark.parametrize("family", [*FAMILIES, "llama-q4_1-head48", "llama-q4_1-head64"])
 def test_loop_attention_rows_equal_tokens_run_alone(tmp_path, family):
     compiled, python = int4_models(tmp_path, family)
     reference = longspec.load_model(tmp_path / "m.gguf", device="cpu", dtype="float32",

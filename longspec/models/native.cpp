@@ -103,6 +103,11 @@ inline void unpack_group8(const int8_t* codes, uint16_t* b) {
   }
 }
 
+// GCC's tile loads and stores are asm without a memory operand: the compiler sees neither the
+// buffers they read nor those they write, so it may drop or move plain stores and loads across
+// them. A fence between the two keeps the order as written.
+inline void fence() { asm volatile("" ::: "memory"); }
+
 // the tile macros take their tile numbers as literals
 #define GROUP_DOT(B, C, buf) _tile_zero(C); _tile_loadd(B, buf, 64); _tile_dpbf16ps(C, 0, B);
 
@@ -126,6 +131,7 @@ void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, c
       else
         unpack_group8(reinterpret_cast<const int8_t*>(codes), b[j]);
     }
+    fence();
     GROUP_DOT(1, 4, b[0]);
     _tile_stored(4, c[0], 64);
     if constexpr (NT == UNIT) {
@@ -134,6 +140,7 @@ void amx_tiles(const uint16_t* x, int64_t m, int64_t k, const uint8_t* packed, c
       _tile_stored(5, c[1], 64);
       _tile_stored(6, c[2], 64);
     }
+    fence();
     __m512 scale[NT], low[NT];
     for (int j = 0; j < NT; ++j) {
       scale[j] = load16(sz + ((tile + j) * groups + g) * 32);
@@ -233,6 +240,7 @@ void tile_scores(const uint16_t* qt, int64_t rows, int64_t d, const uint16_t* ke
   int64_t parts = d / 32, groups = (rows + TILE_ROWS - 1) / TILE_ROWS;
   std::vector<uint16_t> tail(TILE_ROWS * d);
   alignas(64) float c[TILE_ROWS * 16];
+  fence();    // qt, written by query_tiles
   for (int64_t k0 = j0; k0 < j1; k0 += TILE_ROWS) {
     int64_t count = std::min(TILE_ROWS, j1 - k0);
     const uint16_t* a = keys + k0 * ks;
@@ -243,6 +251,7 @@ void tile_scores(const uint16_t* qt, int64_t rows, int64_t d, const uint16_t* ke
         std::copy(a + i * ks, a + i * ks + d, tail.data() + i * d);
       a = tail.data();
       a_stride = d;
+      fence();
     }
     for (int64_t g = 0; g < groups; ++g) {
       _tile_zero(4);
@@ -252,6 +261,7 @@ void tile_scores(const uint16_t* qt, int64_t rows, int64_t d, const uint16_t* ke
         _tile_dpbf16ps(4, 0, 1);
       }
       _tile_stored(4, c, 64);
+      fence();
       for (int64_t r = g * TILE_ROWS; r < std::min(rows, (g + 1) * TILE_ROWS); ++r)
         for (int64_t i = 0; i < count; ++i)
           out[r * stride + k0 + i] = c[i * 16 + r % TILE_ROWS] * scale;
@@ -274,6 +284,97 @@ std::vector<uint16_t> query_tiles(const uint16_t* q, int64_t kv_heads, int64_t r
             q[(h * rows + r) * d + col];
       }
   return qt;
+}
+
+// The word indices that interleave two vectors' words 0-15 (offset 0) or 16-31 (offset 16):
+// a[o], b[o], a[o + 1], b[o + 1], ... (AMX's pairs of rows of its second operand)
+inline __m512i pair_index(int offset) {
+  alignas(64) uint16_t index[32];
+  for (int w = 0; w < 32; ++w) index[w] = (w % 2 ? 32 : 0) + offset + w / 2;
+  return _mm512_load_si512(index);
+}
+
+// The values of 32 keys (slots[i], or zeros where it is -1), columns [dim0, dim0 + 64), as four
+// B tiles of 16 columns: row i holds keys 2i and 2i + 1 side by side, column by column.
+inline void value_tiles(const uint16_t* values, int64_t vs, const int64_t* slots, int64_t dim0,
+                        __m512i low, __m512i high, uint16_t* b) {
+  auto load = [&](int64_t slot, int half) {
+    return slot < 0 ? _mm512_setzero_si512()
+                    : _mm512_loadu_si512(values + slot * vs + dim0 + 32 * half);
+  };
+  for (int i = 0; i < 16; ++i)
+    for (int half = 0; half < 2; ++half) {
+      __m512i first = load(slots[2 * i], half), second = load(slots[2 * i + 1], half);
+      _mm512_store_si512(b + 2 * half * 512 + i * 32, _mm512_permutex2var_epi16(first, low, second));
+      _mm512_store_si512(b + (2 * half + 1) * 512 + i * 32,
+                         _mm512_permutex2var_epi16(first, high, second));
+    }
+}
+
+// tile 0: m rows of probabilities (32 keys); 1: 16 rows of values; 4-7: m x 16 float sums
+void configure_value_tiles(int64_t m) {
+  TileConfig cfg;
+  for (int t : {0, 4, 5, 6, 7}) cfg.rows[t] = m;
+  cfg.rows[1] = TILE_ROWS;
+  for (int t : {0, 1, 4, 5, 6, 7}) cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+#define VALUE_STEP(b)                                                                   \
+  for (int part = 0; part < 4; ++part) {                                                \
+    _tile_loadd(1, (b) + part * 512, 64);                                               \
+    if (part == 0) _tile_dpbf16ps(4, 0, 1);                                             \
+    if (part == 1) _tile_dpbf16ps(5, 0, 1);                                             \
+    if (part == 2) _tile_dpbf16ps(6, 0, 1);                                             \
+    if (part == 3) _tile_dpbf16ps(7, 0, 1);                                             \
+  }
+
+// Attention's p . v on the tiles (loop_attention's, for head sizes a multiple of 64): out
+// [m, d] (rows d apart) = the sum over logical keys [c0, c1) of m rows' probabilities (bfloat16
+// p, rows `padded` apart, from row r0) times the values, 32 keys a step from c0 on, the steps
+// in order. slot(r, j): the value slot of row r's logical key j (-1: past the keys; r = -1:
+// the rows share it), per_row(j): whether the rows' keys differ in the step from j (a tree's
+// block), which then runs a row at a time with the other rows' probabilities zero. A row's sum
+// depends on its own probabilities and keys alone.
+template <typename Slot, typename PerRow>
+void tile_values(const uint16_t* p, int64_t padded, int64_t r0, int64_t m, const uint16_t* values,
+                 int64_t vs, int64_t d, int64_t c0, int64_t c1, Slot slot, PerRow per_row,
+                 float* out) {
+  __m512i low = pair_index(0), high = pair_index(16);
+  alignas(64) uint16_t b[4 * 512];
+  alignas(64) uint16_t alone[TILE_ROWS * 32] = {};
+  int64_t slots[32];
+  for (int64_t dim0 = 0; dim0 < d; dim0 += 64) {
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int64_t j = c0; j < c1; j += 32) {
+      if (!per_row(j)) {
+        for (int i = 0; i < 32; ++i) slots[i] = slot(-1, j + i);
+        value_tiles(values, vs, slots, dim0, low, high, b);
+        fence();
+        _tile_loadd(0, p + r0 * padded + j, padded * 2);
+        VALUE_STEP(b);
+        continue;
+      }
+      for (int64_t r = 0; r < m; ++r) {
+        for (int i = 0; i < 32; ++i) slots[i] = slot(r0 + r, j + i);
+        value_tiles(values, vs, slots, dim0, low, high, b);
+        std::copy(p + (r0 + r) * padded + j, p + (r0 + r) * padded + j + 32, alone + r * 32);
+        fence();
+        _tile_loadd(0, alone, 64);
+        VALUE_STEP(b);
+        fence();
+        std::fill(alone + r * 32, alone + r * 32 + 32, 0);
+      }
+    }
+    _tile_stored(4, out + dim0, d * 4);
+    _tile_stored(5, out + dim0 + 16, d * 4);
+    _tile_stored(6, out + dim0 + 32, d * 4);
+    _tile_stored(7, out + dim0 + 48, d * 4);
+  }
+  fence();
 }
 
 // Asks Linux for the tiles' register state (once a process; false where it refuses).
@@ -497,8 +598,9 @@ Tensor grouped_attention(const Tensor& q, const Tensor& key_buf, const Tensor& v
 // products instead (tile_scores: every slot's score in slot order, a tree's block then put in
 // each row's order; a process uses one or the other throughout). The softmax is ATen's over
 // rows padded with -inf to whole chunks (as grouped_attention's); the output sums p * v in
-// float32 over each CHUNK of logical columns in order, skipping p == 0, and the chunks'
-// partials pairwise (combine, as grouped_attention).
+// float32 over each CHUNK of logical columns in order, skipping p == 0 (on AMX, for head sizes
+// a multiple of 64, the tiles' sums of bfloat16 p times v, 32 logical columns a step, the steps
+// in order: tile_values), and the chunks' partials pairwise (combine, as grouped_attention).
 // Heads, key tiles and chunks run in parallel. Two small bfloat16 products through oneDNN
 // cost ~25 us each a layer whatever their size.
 constexpr int64_t LANES = 16;
@@ -758,6 +860,36 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   int64_t chunks = padded / CHUNK, blocks = (rows + 3) / 4;
   Tensor partials = scratch(2, {kv_heads, chunks, rows, d});
   float* pout = partials.data_ptr<float>();
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  // on the tiles, a (head, chunk, 16 rows) at a time
+  if (on_tiles && d % 64 == 0) {
+    Tensor pb = p.to(at::kBFloat16);
+    const uint16_t* ppb = reinterpret_cast<const uint16_t*>(pb.const_data_ptr<at::BFloat16>());
+    int64_t groups = (rows + TILE_ROWS - 1) / TILE_ROWS;
+    // row's logical key j: its slot, a tree's block in the row's order
+    auto slot = [&](int64_t row, int64_t j) -> int64_t {
+      if (j >= n) return -1;
+      if (row < 0 || !pord || j < start || j >= end) return j;
+      return start + block_slot(row % q_len, j - start);
+    };
+    auto per_row = [&](int64_t j) { return pord && j + 32 > start && j < end; };
+    at::parallel_for(0, kv_heads * chunks * groups, 1, [&](int64_t first, int64_t last) {
+      int64_t configured = 0;
+      for (int64_t unit = first; unit < last; ++unit) {
+        int64_t h = unit / (chunks * groups), chunk = unit / groups % chunks;
+        int64_t r0 = h * rows + unit % groups * TILE_ROWS;
+        int64_t m = std::min(TILE_ROWS, (h + 1) * rows - r0);
+        if (m != configured) configure_value_tiles(configured = m);
+        tile_values(ppb, padded, r0, m,
+                    reinterpret_cast<const uint16_t*>(pv + h * value_buf.stride(0)), vs, d,
+                    chunk * CHUNK, std::min((chunk + 1) * CHUNK, n), slot, per_row,
+                    pout + ((h * chunks + chunk) * rows + r0 - h * rows) * d);
+      }
+      _tile_release();
+    });
+    return combine(partials, q_len);
+  }
+#endif
   at::parallel_for(0, kv_heads * chunks * blocks, 1, [&](int64_t first, int64_t last) {
     std::vector<float> acc(4 * d);
     for (int64_t unit = first; unit < last; ++unit) {

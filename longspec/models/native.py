@@ -6,7 +6,7 @@ products take ~6 ms of its ~18 (BENCHMARKS.md). native.cpp makes the same ATen c
 order from C++ (`Block.forward` with `grouped_attention`, chains and draft trees alike), so its
 output is bitwise the Python path's (tests/test_native.py) at ~0.6× the time of a step.
 
-For generations of up to LOOP_CONTEXT positions (TILE_LOOP_CONTEXT where the CPU has AMX tiles),
+For generations of up to LOOP_CONTEXT positions (longer where the CPU has AMX tiles: below),
 attention runs as native.cpp's loops instead (`loop_attention`): two small bfloat16 products
 cost ~25 us each a layer through oneDNN whatever their size, the loops a few at short contexts.
 Every forward of such a generation (prefill, decoding, drafts) takes them, so the prompt's cache
@@ -28,8 +28,9 @@ from .compiled import amx_int4, extension
 from .linear import Int4Linear, min_rows
 
 # Longest sequence whose attention runs as native.cpp's loops: below it they cost less than
-# oneDNN's products (a fixed ~25 us a product), above it more (BENCHMARKS.md); with the scores
-# on AMX tiles the loops cost less, and pay up to ~3K positions
+# oneDNN's products (a fixed ~25 us a product), above it more (BENCHMARKS.md). On AMX tiles
+# the loops cost less: with the scores on them (heads of a multiple of 32) they pay up to ~3K
+# positions, with p . v too (a multiple of 64) at every length measured (to 16K).
 LOOP_CONTEXT = 2048
 TILE_LOOP_CONTEXT = 3072
 
@@ -62,13 +63,16 @@ class NativeLayers:
         self.bucket_rows = min_rows(c.head_dim, CHUNK)
         self.scale = c.head_dim ** -0.5
         self.loops = False
-        self.tiles = amx_int4() is not None     # the loops' scores on AMX tiles
-        self.loop_context = TILE_LOOP_CONTEXT if self.tiles else LOOP_CONTEXT
+        self.tiles = amx_int4() is not None     # the loops' scores (and p . v) on AMX tiles
+        # the longest sequence the loops run (None: any)
+        self.loop_context = (LOOP_CONTEXT if not self.tiles or c.head_dim % 32
+                             else TILE_LOOP_CONTEXT if c.head_dim % 64 else None)
 
     def set_context(self, seq_len: int) -> None:
         """Attention as loops for sequences of up to `loop_context` positions, else as
         products (every forward of a generation the same way: prefill, decoding, drafts)."""
-        self.loops = seq_len <= self.loop_context and self.config.head_dim % 16 == 0
+        self.loops = ((self.loop_context is None or seq_len <= self.loop_context)
+                      and self.config.head_dim % 16 == 0)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                  plan: AttentionPlan, queries: bool
