@@ -28,7 +28,8 @@ def _instruction_set() -> tuple[str, list[str]]:
     """(the build's name suffix, its compiler flags)."""
     capability = torch.backends.cpu.get_cpu_capability()
     flags = ISA_FLAGS.get(capability, [])
-    if capability == "AVX512" and torch.cpu._is_amx_tile_supported():
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)   # private, may go
+    if capability == "AVX512" and amx():
         return "avx512_amx", flags + AMX_FLAGS
     return capability.lower(), flags
 
