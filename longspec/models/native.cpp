@@ -238,7 +238,7 @@ Tensor int4_amx(const Tensor& x_, const Tensor& packed, const Tensor& scale_min,
 void tile_scores(const uint16_t* qt, int64_t rows, int64_t d, const uint16_t* keys, int64_t ks,
                  int64_t j0, int64_t j1, float scale, float* out, int64_t stride) {
   int64_t parts = d / 32, groups = (rows + TILE_ROWS - 1) / TILE_ROWS;
-  std::vector<uint16_t> tail(TILE_ROWS * d);
+  std::vector<uint16_t> tail;
   alignas(64) float c[TILE_ROWS * 16];
   fence();    // qt, written by query_tiles
   for (int64_t k0 = j0; k0 < j1; k0 += TILE_ROWS) {
@@ -246,7 +246,7 @@ void tile_scores(const uint16_t* qt, int64_t rows, int64_t d, const uint16_t* ke
     const uint16_t* a = keys + k0 * ks;
     int64_t a_stride = ks;
     if (count < TILE_ROWS) {   // the last keys, copied so that no slot past them is read
-      std::fill(tail.begin(), tail.end(), 0);
+      tail.assign(TILE_ROWS * d, 0);
       for (int64_t i = 0; i < count; ++i)
         std::copy(a + i * ks, a + i * ks + d, tail.data() + i * d);
       a = tail.data();
@@ -774,11 +774,18 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   Tensor ord = order ? order->contiguous() : Tensor();
   const int64_t* pord = order ? ord.const_data_ptr<int64_t>() : nullptr;
   auto block_slot = [&](int64_t t, int64_t c) { return pord ? pord[t * q_len + c] : c; };
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  bool on_tiles = tiles_on && d % 32 == 0;
+#else
+  TORCH_CHECK(!tiles_on, "loop_attention: built without AMX");
+  bool on_tiles = false;
+#endif
   // row (query head hq, token t) is row hq * q_len + t: head h's rows are [h * rows, +rows)
-  // (and 3 zero rows after the last, so that rows go four at a time)
-  Tensor qf = at::cat({q.to(at::kFloat).transpose(0, 1).reshape({heads * q_len, d}),
-                       at::zeros({3, d}, q.options().dtype(at::kFloat))});
-  const float* pq = qf.const_data_ptr<float>();
+  // (and 3 zero rows after the last, so that rows go four at a time); the vector scores' only
+  Tensor qf = on_tiles ? Tensor()
+                       : at::cat({q.to(at::kFloat).transpose(0, 1).reshape({heads * q_len, d}),
+                                  at::zeros({3, d}, q.options().dtype(at::kFloat))});
+  const float* pq = on_tiles ? nullptr : qf.const_data_ptr<float>();
   Tensor s = scratch(0, {heads * q_len, padded});
   float* ps = s.data_ptr<float>();
   float scalef = static_cast<float>(scale);
@@ -788,7 +795,6 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
                                          : accumulate_keys<0>;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   // on the tiles, the scores of every slot, the block's in slot order, a (head, tile) at a time
-  bool on_tiles = tiles_on && d % 32 == 0;
   if (on_tiles) {
     Tensor qb = q.transpose(0, 1).reshape({heads * q_len, d}).contiguous();
     std::vector<uint16_t> qt = query_tiles(
@@ -805,9 +811,6 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       _tile_release();
     });
   }
-#else
-  TORCH_CHECK(!tiles_on, "loop_attention: built without AMX");
-  bool on_tiles = false;
 #endif
   // scores of the slots outside the block, a (head, tile) at a time
   if (!on_tiles) at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t first, int64_t last) {
