@@ -39,7 +39,6 @@ def random_40m(out: str) -> str:
 def prefilled_cache(model, context: int, room: int) -> StaticCache:
     """A cache holding `context` random tokens, with `room` free slots after them."""
     net = model.net
-    net.set_context(context + room)
     cache = StaticCache(model.config, context + room, model.dtype, model.device)
     prefill(net, torch.randint(0, model.config.vocab_size, (context,)), cache, 0)
     return cache

@@ -73,7 +73,6 @@ class Engine:
     def start(self, prompt_ids: list[int]) -> None:
         """Allocate the cache and put all prompt tokens but the last (the first root) in it."""
         begin = time.perf_counter()
-        self.net.set_context(len(prompt_ids) + self.max_new_tokens)
         self.cache = StaticCache(self.model.config, self.plan_capacity(len(prompt_ids)),
                                  self.model.dtype, self.device)
         d = self.drafter

@@ -61,12 +61,11 @@ def make_checkpoint(out: Path, family: str = "llama", rope: str = "default", *,
     return model
 
 
-def our_logits(model, ids, seq_len=None):
+def our_logits(model, ids):
     """longspec's logits [len(ids), vocab] for a prompt run in one causal forward."""
     from longspec.cache import StaticCache, causal_mask
 
     net = model.net
-    net.set_context(seq_len or len(ids))
     cache = StaticCache(model.config, len(ids), model.dtype, "cpu")
     out = net(ids, torch.arange(len(ids)), cache, causal_mask(len(ids), model.dtype, "cpu"))
     return out.logits

@@ -38,7 +38,6 @@ def alone(model, cache, context: int, path: list[int]) -> torch.Tensor:
 def prefilled(model, context: int, seed: int) -> StaticCache:
     g = torch.Generator().manual_seed(seed)
     cache = StaticCache(model.config, context + 80, model.dtype, "cpu")
-    model.net.set_context(context + 80)
     prefill(model.net, torch.randint(0, 512, (context,), generator=g), cache, 0)
     return cache
 

@@ -16,7 +16,6 @@ def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama")
     make_checkpoint(path, "llama")
     m = longspec.load_model(path, dtype="float32", device="cpu")
-    m.net.set_context(128)
     return m
 
 

@@ -19,7 +19,6 @@ def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("gqa")
     make_checkpoint(path, "llama", heads=4, kv_heads=2, max_positions=512)
     m = longspec.load_model(path, dtype="float32", device="cpu")
-    m.net.set_context(512)
     return m
 
 

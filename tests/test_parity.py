@@ -23,7 +23,9 @@ def test_family_logits_and_greedy_match_transformers(tmp_path, family, tied):
     assert res.token_ids == hf_greedy(hf, ids, 24)
 
 
-@pytest.mark.parametrize("rope", sorted(ROPES))
+# dynamic scaling rotates each position as transformers does when it decodes that position
+# (the greedy test below), not as it does a 100-token prompt in one forward
+@pytest.mark.parametrize("rope", sorted(set(ROPES) - {"dynamic"}))
 @pytest.mark.parametrize("legacy", [False, True])
 def test_rope_variant_logits_match_transformers(tmp_path, rope, legacy):
     hf = make_checkpoint(tmp_path, "llama", rope, legacy=legacy, max_positions=64)
@@ -36,14 +38,16 @@ def test_rope_variant_logits_match_transformers(tmp_path, rope, legacy):
     assert torch.allclose(our_logits(model, ids), ref, atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("rope", ["default", "linear", "llama3", "yarn"])
+@pytest.mark.parametrize("rope", sorted(ROPES))
 def test_rope_variant_greedy_matches_transformers_generate(tmp_path, rope):
     hf = make_checkpoint(tmp_path, "llama", rope, max_positions=64)
     model = longspec.load_model(tmp_path, dtype="float32", device="cpu")
     ids = torch.randint(0, 300, (30,), generator=torch.Generator().manual_seed(3))
-    res = longspec.generate(model, ids.tolist(), max_new_tokens=30, ignore_eos=True, method="ar",
+    # dynamic scaling alone extends the context: its decoding crosses the trained 64 positions
+    new = 50 if rope == "dynamic" else 30
+    res = longspec.generate(model, ids.tolist(), max_new_tokens=new, ignore_eos=True, method="ar",
                             sampling=longspec.SamplingConfig(temperature=0))
-    assert res.token_ids == hf_greedy(hf, ids, 30)
+    assert res.token_ids == hf_greedy(hf, ids, new)
 
 
 def test_multi_head_attention_and_sharded_checkpoint(tmp_path):

@@ -38,7 +38,6 @@ def models(tmp_path_factory):
 def next_probs(model, ids):
     """The processed next-token distribution after `ids`, as plain decoding would sample it."""
     net = model.net
-    net.set_context(len(ids) + 2)
     cache = StaticCache(model.config, len(ids), torch.float32, "cpu")
     logits = net(torch.tensor(ids), torch.arange(len(ids)), cache,
                  causal_mask(len(ids), torch.float32, "cpu")).logits[-1:]

@@ -63,7 +63,6 @@ class DraftModelDrafter(Drafter):
         check_draft_context(draft, context, "max_new_tokens or the prompt length")
         self.sampler = sampler
         self.device = target.device
-        self.context = context
         ensure_fits(capacity * draft.config.kv_bytes_per_token(draft.dtype.itemsize), draft.device,
                     "the draft model's KV cache", "lower max_new_tokens")
         cache = StaticCache(draft.config, capacity, draft.dtype, draft.device)
@@ -73,7 +72,6 @@ class DraftModelDrafter(Drafter):
         self._limit = 1
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
-        self.chain.net.set_context(self.context)
         self.chain.catch_up(prompt_ids[:-1], last_logits=0)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:

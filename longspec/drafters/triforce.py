@@ -27,12 +27,11 @@ STREAMING_WINDOW = 512
 
 
 class TriForceDrafter(Drafter):
-    def __init__(self, target, draft, sampler, context: int, budget: int, rebuild_every: int,
+    def __init__(self, target, draft, sampler, budget: int, rebuild_every: int,
                  max_depth: int, gamma1: int = GAMMA1, window: int = STREAMING_WINDOW):
         check_draft_model(target, draft)
         self.sampler = sampler
         self.device = target.device
-        self.context = context
         self.gamma1 = gamma1
         slack = max_depth + gamma1 + 2
         self.level = RetrievalLevel(target, budget, rebuild_every, slack)
@@ -46,7 +45,6 @@ class TriForceDrafter(Drafter):
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
         self.level.attach(cache)
-        self.tiny.net.set_context(self.tiny.cache.capacity)
         for start in range(0, len(prompt_ids) - 1, self.tiny.cache.window):
             self.tiny.catch_up(prompt_ids[:min(start + self.tiny.cache.window,
                                                len(prompt_ids) - 1)],
@@ -118,7 +116,7 @@ SPEC = MethodSpec(
     options={**LEVEL_OPTIONS, "gamma1": Option(GAMMA1),
              "streaming_window": Option(STREAMING_WINDOW)},
     stats=("middle_acceptance_rate", "retrieval_rebuilds"),
-    build=lambda s: TriForceDrafter(s.model, s.draft_model, s.sampler, s.context,
+    build=lambda s: TriForceDrafter(s.model, s.draft_model, s.sampler,
                                     s.options["retrieval_budget"], s.options["rebuild_every"],
                                     s.budget.max_depth, s.options["gamma1"],
                                     s.options["streaming_window"]))

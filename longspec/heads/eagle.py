@@ -118,7 +118,7 @@ class EagleDrafterNet(nn.Module):
     @classmethod
     def for_model(cls, model, draft_vocab: int = 0) -> EagleDrafterNet:
         c = model.config
-        inv_freq, scale = rope_frequencies(c.rope, c.head_dim, c.max_positions, c.max_positions)
+        inv_freq, scale = rope_frequencies(c.rope, c.head_dim)
         return cls(EagleShape.of(c), inv_freq, scale, draft_vocab)
 
     def set_vocab(self, token_ids: torch.Tensor) -> None:

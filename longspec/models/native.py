@@ -6,12 +6,14 @@ products take ~6 ms of its ~18 (BENCHMARKS.md). native.cpp makes the same ATen c
 order from C++ (`Block.forward` with `grouped_attention`, chains and draft trees alike), so its
 output is bitwise the Python path's (tests/test_native.py) at ~0.6× the time of a step.
 
-For generations of up to LOOP_CONTEXT positions (longer where the CPU has AMX tiles: below),
-attention runs as native.cpp's loops instead (`loop_attention`): two small bfloat16 products
-cost ~25 us each a layer through oneDNN whatever their size, the loops a few at short contexts.
-Every forward of such a generation (prefill, decoding, drafts) takes them, so the prompt's cache
-is what decoding would write and every row is what its token gets alone; their output is within
-bfloat16 rounding of the Python path's, not bitwise it.
+Attention runs as native.cpp's loops (`loop_attention`) at every length, for heads of a
+multiple of 16 (others take the products): one arithmetic per position, whatever the run's
+length, so a generation's first tokens do not depend on how long it will be. Every forward
+(prefill, decoding, drafts) takes them, so the prompt's cache is what decoding would write and
+every row is what its token gets alone; their output is within bfloat16 rounding of the Python
+path's, not bitwise it. Against the products (oneDNN) they cost 0.3-0.65x on a CPU with only
+AVX2 (300 to 4K positions), 0.6-0.86x on one with AMX (to 16K), and 0.76-1.25x on AVX-512
+without AMX (more than the products past ~2K positions; BENCHMARKS.md).
 
 It is compiled on first use (compiled.py). Without a C++ compiler, or with LONGSPEC_NATIVE=0 in
 the environment, the layers run in Python.
@@ -26,13 +28,6 @@ import torch
 from ..cache.base import CHUNK, AttentionPlan, KVCache
 from .compiled import amx_int4, extension
 from .linear import Int4Linear, min_rows
-
-# Longest sequence whose attention runs as native.cpp's loops: below it they cost less than
-# oneDNN's products (a fixed ~25 us a product), above it more (BENCHMARKS.md). On AMX tiles
-# the loops cost less: with the scores on them (heads of a multiple of 32) they pay up to ~3K
-# positions, with p . v too (a multiple of 64) at every length measured (to 16K).
-LOOP_CONTEXT = 2048
-TILE_LOOP_CONTEXT = 3072
 
 
 def _products(net) -> list:
@@ -62,17 +57,9 @@ class NativeLayers:
         self.bias = [p.bias for p in products]
         self.bucket_rows = min_rows(c.head_dim, CHUNK)
         self.scale = c.head_dim ** -0.5
-        self.loops = False
+        # attention as loops (heads in whole vectors of 16), else as products: at every length
+        self.loops = c.head_dim % 16 == 0
         self.tiles = amx_int4() is not None     # the loops' scores (and p . v) on AMX tiles
-        # the longest sequence the loops run (None: any)
-        self.loop_context = (LOOP_CONTEXT if not self.tiles or c.head_dim % 32
-                             else TILE_LOOP_CONTEXT if c.head_dim % 64 else None)
-
-    def set_context(self, seq_len: int) -> None:
-        """Attention as loops for sequences of up to `loop_context` positions, else as
-        products (every forward of a generation the same way: prefill, decoding, drafts)."""
-        self.loops = ((self.loop_context is None or seq_len <= self.loop_context)
-                      and self.config.head_dim % 16 == 0)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                  plan: AttentionPlan, queries: bool

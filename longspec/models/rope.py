@@ -1,8 +1,11 @@
 """Rotary position embeddings: inverse frequencies for each supported scaling, and their use.
 
-Dynamic NTK scaling depends on the sequence length. Here that length is fixed per generation
-(prompt + max_new_tokens), so every method of decoding sees the same rotation; transformers
-instead rescales as the sequence grows, which makes its output depend on how far it has read.
+A position's rotation depends on the model and the position alone, never on how long the run
+will be, so the first tokens of an answer are the same whatever `max_new_tokens` is. Dynamic
+NTK scaling stretches the base for sequences past the trained length: position p is rotated as
+transformers rotates a token it decodes at p (the base for a sequence of p + 1 positions). It
+differs from transformers only for prompts longer than the trained length, which transformers
+rotates all at once with the base of the whole prompt.
 """
 
 from __future__ import annotations
@@ -61,30 +64,32 @@ def _yarn(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
     return interpolation * (1 - keep) + extrapolation * keep, attention
 
 
-def rope_frequencies(rope: RopeConfig, head_dim: int, max_positions: int,
-                     seq_len: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim // 2] (fp32) and the scale applied to cos/sin.
-
-    `seq_len` is the longest sequence this rotation will serve (only dynamic scaling uses it).
-    """
-    inv_freq, scale = _scaled_inv_freq(rope, head_dim, max_positions, seq_len)
+def rope_frequencies(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim // 2] (fp32) and the scale applied to cos/sin; for dynamic
+    scaling those of the trained length (`dynamic_frequencies` gives the later positions')."""
+    inv_freq, scale = _scaled_inv_freq(rope, head_dim)
     if rope.freq_factors is not None:
         inv_freq = inv_freq / torch.tensor(rope.freq_factors, dtype=torch.float32)
     return inv_freq, scale
 
 
-def _scaled_inv_freq(rope: RopeConfig, head_dim: int, max_positions: int,
-                     seq_len: int) -> tuple[torch.Tensor, float]:
-    if rope.type == "default":
+def dynamic_frequencies(rope: RopeConfig, head_dim: int, max_positions: int,
+                        inv_freq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Inverse frequencies of each position [q, head_dim // 2] under dynamic NTK scaling: the
+    base grown for a sequence of p + 1 positions where that passes `max_positions`."""
+    length = positions.double()[:, None] + 1
+    growth = (rope.factor * length / max_positions - (rope.factor - 1)).clamp(min=1)
+    theta = rope.theta * growth ** (head_dim / (head_dim - 2))
+    exponent = torch.arange(0, head_dim, 2, device=positions.device).double() / head_dim
+    grown = (1.0 / theta ** exponent).float()
+    return torch.where(length > max_positions, grown, inv_freq.to(positions.device))
+
+
+def _scaled_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    if rope.type in ("default", "dynamic"):
         return _base_inv_freq(rope.theta, head_dim), 1.0
     if rope.type == "linear":
         return _base_inv_freq(rope.theta, head_dim) / rope.factor, 1.0
-    if rope.type == "dynamic":
-        theta = rope.theta
-        if seq_len > max_positions:
-            growth = rope.factor * seq_len / max_positions - (rope.factor - 1)
-            theta = theta * growth ** (head_dim / (head_dim - 2))
-        return _base_inv_freq(theta, head_dim), 1.0
     if rope.type == "llama3":
         return _llama3(_base_inv_freq(rope.theta, head_dim), rope), 1.0
     if rope.type == "yarn":
@@ -94,12 +99,13 @@ def _scaled_inv_freq(rope: RopeConfig, head_dim: int, max_positions: int,
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scale: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and signed sin [q, 1, head_dim] for integer positions [q], computed in fp32.
+    """cos and signed sin [q, 1, head_dim] for integer positions [q], computed in fp32;
+    `inv_freq` is [head_dim // 2], or [q, head_dim // 2] for one set per position.
 
     Llama checkpoints rotate halves: x' = x * cos + (-x2, x1) * sin. The sign of the first half
     of sin is folded in here, so that `apply_rope` needs a roll and no negation.
     """
-    freqs = positions.float()[:, None] * inv_freq[None, :]
+    freqs = positions.float()[:, None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     sin = emb.sin() * scale
     sin[:, :freqs.shape[1]].neg_()

@@ -20,7 +20,7 @@ from .attention import block_order, grouped_attention
 from .config import ModelConfig
 from .linear import DenseLinear, Int4Linear
 from .native import native_layers
-from .rope import apply_rope, rope_cos_sin, rope_frequencies
+from .rope import apply_rope, dynamic_frequencies, rope_cos_sin, rope_frequencies
 
 
 @dataclass
@@ -91,7 +91,8 @@ class Transformer(nn.Module):
         self.lm_head = lm_head
         self.layers = nn.ModuleList(Block(config, w) for w in layers)
         self.native = native_layers(self)   # the compiled layers, where they apply (native.py)
-        self.set_context(config.max_positions)
+        inv_freq, self.rope_scale = rope_frequencies(config.rope, config.head_dim)
+        self.inv_freq = inv_freq.to(self.device)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -114,19 +115,20 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
-    def set_context(self, seq_len: int) -> None:
-        """Fix the RoPE table, and the compiled layers' attention, for sequences of up to
-        `seq_len` positions."""
-        inv_freq, scale = rope_frequencies(self.config.rope, self.config.head_dim,
-                                           self.config.max_positions, seq_len)
-        self.inv_freq = inv_freq.to(self.device)
-        self.rope_scale = scale
-        if self.native is not None:
-            self.native.set_context(seq_len)
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [q, 1, head_dim] of positions [q]: a function of each position
+        alone (rope.py)."""
+        c = self.config
+        inv_freq = self.inv_freq
+        if c.rope.type == "dynamic":
+            inv_freq = dynamic_frequencies(c.rope, c.head_dim, c.max_positions, inv_freq,
+                                           positions)
+        return rope_cos_sin(positions, inv_freq, self.rope_scale, self.dtype)
 
     def rotate_keys(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
         """Cached keys [kv_heads, n, head_dim] moved by `delta` positions (a pure rotation:
-        the keys keep any scale their first rotation gave them)."""
+        the keys keep any scale their first rotation gave them; under dynamic scaling, by the
+        trained length's frequencies)."""
         cos, sin = rope_cos_sin(torch.tensor([delta], device=keys.device), self.inv_freq, 1.0,
                                 keys.dtype)
         return apply_rope(keys, cos, sin)
@@ -147,7 +149,7 @@ class Transformer(nn.Module):
         None lets every new token see the whole block. `logits_index` selects the positions
         whose logits are computed (default: all).
         """
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_scale, self.dtype)
+        cos, sin = self.rotary(positions)
         plan = dataclasses.replace(cache.plan(tokens.shape[0], mask), block_order=block_order(mask))
         x = F.embedding(tokens, self.embed)
         if self.native is not None:
