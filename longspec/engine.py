@@ -45,7 +45,8 @@ class Engine:
         self.stop = stop
         self.device = model.device
         self.stats = Stats(method, str(model.device), str(model.dtype).removeprefix("torch."),
-                           model.weight_format)
+                           model.weight_format,
+                           model.profile.as_dict() if model.profile is not None else None)
         self.tokens: list[int] = []      # committed: prompt, then new tokens
         self.cache: StaticCache | None = None
         self.done = False

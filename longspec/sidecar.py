@@ -85,14 +85,32 @@ def run_settings(model: Model, request: Request) -> dict:
         "include_stop": r.include_stop,
         "draft_model": None if draft is None else fingerprint(draft.path),
         "heads": None if r.heads is None else str(r.heads),
+        "kernel_profile": _compared_profile(model),
     }
 
 
-def setting_difference(recorded: dict, current: dict) -> str | None:
-    """The first setting that differs, as 'NAME=RECORDED, this command has NAME=CURRENT'."""
+def _compared_profile(model: Model) -> dict | None:
+    """The choices of the model's kernel profile (its row check's outcome left out)."""
+    if model.profile is None:
+        return None
+    profile = model.profile.as_dict()
+    del profile["row_check"]
+    return profile
+
+
+def setting_difference(recorded: dict, current: dict, profile: bool = True) -> str | None:
+    """The first setting that differs, as 'NAME=RECORDED, this command has NAME=CURRENT';
+    the kernel profile only when `profile`."""
     for key, new in current.items():
         old = recorded.get(key)
-        if isinstance(old, dict) and isinstance(new, dict) and key == "sampling":
+        if key == "kernel_profile":
+            if profile and old != new:
+                changed = [f"{k} {(old or {}).get(k)!r} -> {v!r}" for k, v in (new or {}).items()
+                           if (old or {}).get(k) != v]
+                return (f"another kernel profile ({', '.join(changed)}): the tokens from the "
+                        "resume point on would differ from the uninterrupted run's; pass "
+                        "--allow-profile-change to continue anyway")
+        elif isinstance(old, dict) and isinstance(new, dict) and key == "sampling":
             for sub, value in new.items():
                 if old.get(sub) != value:
                     return f"{sub}={old.get(sub)!r}, this command has {sub}={value!r}"

@@ -12,6 +12,7 @@ class Stats:
     device: str
     dtype: str
     weights: str = ""                # the matrices' format: a dtype, or "int4" (quantized)
+    kernel_profile: dict | None = None   # the model's KernelProfile (models/profile.py)
     steps: int = 0                   # verify forwards
     verified_nodes: int = 0          # tree nodes over all verify forwards, roots included
     drafted_tokens: int = 0          # draft tokens offered, on the accepted-length axis
@@ -56,4 +57,5 @@ class Stats:
             "device": self.device,
             "dtype": self.dtype,
             "weights": self.weights,
+            "kernel_profile": self.kernel_profile,
         }

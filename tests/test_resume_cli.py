@@ -159,3 +159,21 @@ def test_resume_needs_output_and_a_readable_sidecar(tmp_path, capsys):
     sidecar_path(out).write_text("{not json")
     assert generate(out, 5, "--resume") == 2
     assert "is not a longspec run sidecar" in capsys.readouterr().err
+
+
+def test_resume_under_another_kernel_profile_is_refused_unless_allowed(tmp_path, capsys):
+    out, ref = interrupted_run(tmp_path, capsys)
+    side = sidecar(out)
+    recorded = side["settings"]["kernel_profile"]
+    assert recorded["layers"] == "python" and "row_check" not in recorded
+    side["settings"]["kernel_profile"] = {**recorded, "isa": "AMX", "torch": "2.99.0"}
+    sidecar_path(out).write_text(json.dumps(side))
+    assert generate(out, 30, "--resume") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "another kernel profile" in err
+    assert "isa 'AMX' -> " in err and "torch '2.99.0' -> " in err
+    assert "--allow-profile-change" in err
+    assert generate(out, 30, "--resume", "--allow-profile-change", "--json") == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["token_ids"] == ref["token_ids"]          # here the profile is the same one
+    assert res["stats"]["kernel_profile"] == {**recorded, "row_check": "passed"}

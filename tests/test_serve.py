@@ -58,8 +58,13 @@ def client(server):
 
 
 def test_models_lists_the_served_model_and_health_is_ok(client, server):
-    assert [m.id for m in client.models.list()] == ["demo-chat"]
-    assert server.health()["status"] == "ok"
+    models = client.models.list()
+    assert [m.id for m in models] == ["demo-chat"]
+    health = server.health()
+    assert health["status"] == "ok"
+    # the kernel profile the tokens rest on, on both
+    assert models.data[0].model_extra["kernel_profile"] == health["kernel_profile"]
+    assert health["kernel_profile"]["row_check"] == "passed"
 
 
 @pytest.mark.parametrize("sampled", [False, True])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from . import bench, demo, fetch, generate, serve, train
+from . import bench, demo, fetch, generate, info, serve, train
 from .flags import Parser
 
 
@@ -21,6 +21,7 @@ def build_parser() -> Parser:
     serve.add_parser(sub)
     train.add_parsers(sub)
     fetch.add_parser(sub)
+    info.add_parser(sub)
     return parser
 
 

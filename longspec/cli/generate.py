@@ -39,6 +39,10 @@ def add_parser(sub) -> None:
     g.add_argument("--resume", action="store_true", help="continue the run recorded in "
                    "FILE.longspec.json of --output (same command, same settings), even after a "
                    "kill; a new run when there is none")
+    g.add_argument("--allow-profile-change", action="store_true",
+                   help="with --resume, continue a run written under another kernel profile "
+                   "(another CPU, torch or kernels: see `longspec info`); the tokens from the "
+                   "resume point on may then differ from an uninterrupted run's")
     g.add_argument("--checkpoint-every", type=float, default=0.5, metavar="SECONDS",
                    help="at most how often FILE.longspec.json is rewritten (default 0.5)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -68,7 +72,7 @@ def run(args) -> int:
     out = None
     if args.output:
         out = RunOutput.open(args.output, model, Request(prompt, **settings), args.resume,
-                             args.checkpoint_every)
+                             args.checkpoint_every, args.allow_profile_change)
     s = stream(model, prompt, progress=not args.no_progress,
                resume_from=out.resume_from if out else None, **settings)
     interrupted = False

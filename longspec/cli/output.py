@@ -30,8 +30,9 @@ class RunOutput:
 
     @classmethod
     def open(cls, path: str, model: Model, request: Request, resume: bool,
-             every_s: float) -> RunOutput:
-        """Read the sidecar and check it against this command; nothing is written yet."""
+             every_s: float, allow_profile_change: bool = False) -> RunOutput:
+        """Read the sidecar and check it against this command (the kernel profile too, unless
+        `allow_profile_change`); nothing is written yet."""
         out, side = Path(path), sidecar_of(path)
         settings = run_settings(model, request)
         prompt_ids = encode_prompt(model, request.prompt)
@@ -47,7 +48,7 @@ class RunOutput:
         if not resume:
             raise ValueError(f"{side} holds an unfinished run: pass --resume to continue it, or "
                              "delete the sidecar to start over")
-        diff = setting_difference(record.settings, settings)
+        diff = setting_difference(record.settings, settings, not allow_profile_change)
         if diff is None and record.prompt_ids != prompt_ids:
             diff = "another prompt (its token ids differ)"
         if diff is not None:

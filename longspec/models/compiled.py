@@ -1,7 +1,8 @@
 """native.cpp, compiled on first use against the installed PyTorch (torch.utils.cpp_extension;
 ~40 s once, then cached in PyTorch's extensions directory, one build per CPU instruction set).
 Without a C++ compiler, or with LONGSPEC_NATIVE=0 in the environment, nothing is compiled: the
-layers run in Python and int4 products on ATen's kernel."""
+layers run in Python and int4 products on ATen's kernel. Either is another kernel profile
+(profile.py): other bits, so other tokens sooner or later, and recorded as such."""
 
 from __future__ import annotations
 
@@ -24,14 +25,27 @@ ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "
 AMX_FLAGS = ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
 
 
+def onednn_max_isa() -> str:
+    """ONEDNN_MAX_CPU_ISA, upper case ("ALL" when unset: what the CPU has)."""
+    return os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+
+
+def cpu_isa() -> str:
+    """The instruction set the CPU kernels act as: "AMX" (AVX-512 with AMX tiles), "AVX512",
+    "AVX2" or "DEFAULT", as PyTorch found the CPU (ATEN_CPU_CAPABILITY lowers it), and AMX only
+    where ONEDNN_MAX_CPU_ISA leaves oneDNN the tiles (unset, ALL, or an AMX level)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)   # private, may go
+    allowed = onednn_max_isa() in ("ALL", "DEFAULT") or "AMX" in onednn_max_isa()
+    return "AMX" if capability == "AVX512" and allowed and amx() else capability
+
+
 def _instruction_set() -> tuple[str, list[str]]:
     """(the build's name suffix, its compiler flags)."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    flags = ISA_FLAGS.get(capability, [])
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)   # private, may go
-    if capability == "AVX512" and amx():
-        return "avx512_amx", flags + AMX_FLAGS
-    return capability.lower(), flags
+    isa = cpu_isa()
+    if isa == "AMX":
+        return "avx512_amx", ISA_FLAGS["AVX512"] + AMX_FLAGS
+    return isa.lower(), ISA_FLAGS.get(isa, [])
 
 
 @functools.cache
@@ -55,8 +69,9 @@ def extension() -> ModuleType | None:
             extra_ldflags=["-fopenmp"])
     except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
         warnings.warn(f"longspec's compiled kernels could not be built ({e}); quantized models "
-                      "run in Python (same tokens, slower on a CPU). Install a C++ compiler "
-                      "(g++) to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
+                      "run in Python (slower on a CPU, and another kernel profile: tokens may "
+                      "differ from runs with the compiled layers). Install a C++ compiler (g++) "
+                      "to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
                       stacklevel=2)
         return None
 

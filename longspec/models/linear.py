@@ -2,8 +2,8 @@
 whatever q is and whatever the other rows hold, so a draft-tree node's logits equal those of
 the same token run alone, and speculation writes exactly what plain decoding writes.
 
-Measured on x86 CPUs with AVX-512 bfloat16, with and without AMX (torch 2.13 and 2.15,
-oneDNN; BENCHMARKS.md):
+Measured on x86 CPUs with AVX-512 bfloat16, with and without AMX, and with AVX2 only (torch 2.13
+and 2.15, oneDNN; BENCHMARKS.md), and checked on the host at every load (selfcheck.py):
 - bfloat16 `F.linear` (oneDNN brgemm) is row-invariant from 2 to 32 rows. A 1-row product
   may take another path (without AMX above K = 1024; with AMX on torch 2.15 at any K): it
   runs as two rows. With AMX, products of more than 32 rows sum some rows otherwise (K of
@@ -11,8 +11,9 @@ oneDNN; BENCHMARKS.md):
   PyTorch runs products of at most 16^3 multiply-adds (rows x K x N) in a plain loop that
   sums in another order (tiny layers): rows are added until a product passes that.
 - float32 `x @ W` and `F.linear` are not (MKL picks kernels by row count: 1-3, 4, 8, >= 12);
-  oneDNN's inner product (`mkldnn._linear_pointwise`) on weights kept as [in, out] is, with the
-  same K > 1024 exception. It is also 2-2.5x faster than MKL for 8-16 rows.
+  oneDNN's inner product (`mkldnn._linear_pointwise`) on weights kept as [in, out] is from 2
+  rows on; 1 row takes another path (with AVX-512 above K = 1024, with AVX2 at some smaller K
+  too): it runs as two rows (FP32_MIN_ROWS). It is also 2-2.5x faster than MKL for 8-16 rows.
 - the int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`, bfloat16 activations) is
   row-invariant for 1..64 rows as it is; so is native.cpp's on AMX tiles (Int4Linear).
 Elsewhere (CUDA), `F.linear`; its invariance is checked where a GPU is at hand.
@@ -26,7 +27,7 @@ from torch import nn
 
 from .compiled import amx_int4
 
-TWO_ROW_K = 1024     # oneDNN's 1-row path differs from its multi-row one above this K
+FP32_MIN_ROWS = 2    # float32 products of 1 row take another path in oneDNN: run as 2
 ONEDNN_MIN_WORK = 16 ** 3   # bfloat16 products with rows * K * N at most this skip oneDNN
 MAX_ROWS = 32        # bfloat16 products on AMX: more rows than this sum some rows otherwise
 
@@ -45,7 +46,7 @@ class DenseLinear(nn.Module):
         self.in_features = weight.shape[1]
         self.onednn_fp32 = weight.dtype == torch.float32 and weight.device.type == "cpu"
         # on a CPU, fewer rows run padded with zero rows to this many
-        self.min_rows = ((2 if self.in_features > TWO_ROW_K else 1) if self.onednn_fp32
+        self.min_rows = (FP32_MIN_ROWS if self.onednn_fp32
                          else max(2, min_rows(*weight.shape)))
         stored = weight.t().contiguous() if self.onednn_fp32 else weight
         self.weight = nn.Parameter(stored, requires_grad=False)

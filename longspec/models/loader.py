@@ -20,7 +20,9 @@ from ..memory import ensure_fits
 from . import gguf
 from .build import build_transformer
 from .config import ModelConfig, as_ids, read_config
+from .profile import KernelProfile
 from .quant import QUANTIZE
+from .selfcheck import checked_profile
 from .sources import Source, demo_path, resolve_source
 from .transformer import Transformer
 
@@ -48,6 +50,7 @@ class Model:
     generation_eos: tuple[int, ...] = ()   # eos_token_id of generation_config.json
     state: dict = field(default_factory=dict)
     source: Source | None = None           # what the caller named (directory, file, Hub id, ...)
+    profile: KernelProfile | None = None   # the kernels' choices, fixed at load (profile.py)
 
     @property
     def device(self) -> torch.device:
@@ -232,7 +235,10 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
     On a CPU a quantized GGUF file stays quantized (its 4- and 8-bit matrices run on PyTorch's
     int4 weight-only kernel; `dtype` is that of the activations, bfloat16 by default);
     `dequantize=True` expands it into `dtype` instead. `quantize='q4'` or `'q8'` quantizes a
-    dense checkpoint's matrices group-wise for the same kernel."""
+    dense checkpoint's matrices group-wise for the same kernel.
+
+    The kernel profile (`model.profile`) is fixed here, after a row check on this host
+    (selfcheck.py)."""
     dev = resolve_device(device)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
@@ -243,6 +249,9 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
         if quantize is not None:
             raise ValueError(f"{source.name} is a GGUF file: it is quantized already (pass "
                              "dequantize=True to expand it instead)")
-        return _load_gguf(source, dtype, dev, dequantize)
-    resolve_dtype(dtype, dev)       # a bad name fails before any file is read
-    return _load_checkpoint(source, dtype, dev, quantize)
+        model = _load_gguf(source, dtype, dev, dequantize)
+    else:
+        resolve_dtype(dtype, dev)       # a bad name fails before any file is read
+        model = _load_checkpoint(source, dtype, dev, quantize)
+    model.profile = checked_profile(model.net)
+    return model

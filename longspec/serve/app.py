@@ -209,6 +209,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def create_app(model: Model, config: ServeConfig) -> FastAPI:
     metrics = Metrics()
     server = Server(model, config, metrics)
+    profile = model.profile.as_dict() if model.profile is not None else None
 
     @asynccontextmanager
     async def lifespan(app):
@@ -238,7 +239,7 @@ def create_app(model: Model, config: ServeConfig) -> FastAPI:
     async def models():
         return {"object": "list", "data": [{
             "id": config.model_name, "object": "model", "created": 0, "owned_by": "longspec",
-            "max_model_len": model.config.context_limit}]}
+            "max_model_len": model.config.context_limit, "kernel_profile": profile}]}
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionBody):
@@ -255,6 +256,6 @@ def create_app(model: Model, config: ServeConfig) -> FastAPI:
     @app.get("/health")
     async def health():
         return {"status": "ok", "waiting": server.worker.waiting(),
-                "running": server.worker.current is not None}
+                "running": server.worker.current is not None, "kernel_profile": profile}
 
     return app

@@ -1,0 +1,71 @@
+"""The kernel profile: every choice that changes the bits of a forward, fixed when a model loads.
+
+A token's logits must be bitwise the same whether it is computed alone, as a row of a draft
+tree, early in a short run or late in a long one (DESIGN.md section 10). That holds within one
+profile: the same model on the same kernels makes the same choices at every position, never by
+a run's length. Another profile (another instruction set, another torch, the compiled layers or
+not) gives other bits and so, sooner or later, other tokens. So the profile is named in full,
+recorded with every run (stats, the sidecar, the server) and compared on resume.
+
+Switches that choose a profile (README, "Kernel profiles"):
+- LONGSPEC_NATIVE=0: the Python layers instead of the compiled ones (native.py).
+- ATEN_CPU_CAPABILITY=avx2 | avx512 | default: PyTorch's kernels, and the compiled layers'
+  build, act as that CPU.
+- ONEDNN_MAX_CPU_ISA=AVX2 | AVX512_CORE | ...: oneDNN acts as that CPU; anything short of AMX
+  also keeps the compiled int4 product and attention off the AMX tiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..cache.base import CHUNK
+from . import linear
+from .compiled import cpu_isa, onednn_max_isa
+from .linear import Int4Linear
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    device: str          # "cpu", or the CUDA device's name
+    isa: str             # the CPU kernels: AMX, AVX512, AVX2 or DEFAULT ("" on CUDA)
+    onednn_max_isa: str  # ONEDNN_MAX_CPU_ISA ("ALL": what the CPU has)
+    torch: str           # PyTorch's version
+    weights: str         # the matrices: int4 (4- and 8-bit codes) or a dtype
+    dtype: str           # the activations
+    layers: str          # "compiled" (native.cpp) or "python"
+    attention: str       # "loops" (native.cpp, every length) or "products" (attention.py)
+    int4_kernel: str     # "amx" (native.cpp's tiles), "aten", or "" without int4 weights
+    rows: str            # the row rules that keep products batch-invariant (linear.py)
+    # the load-time row check (selfcheck.py): "passed", or what failed and what was done
+    row_check: str = "not run"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line: where it runs and on which kernels."""
+        where = f"{self.device} {self.isa}" if self.isa else self.device
+        int4 = f", int4 on {self.int4_kernel}" if self.int4_kernel else ""
+        return (f"{where}, torch {self.torch}, {self.weights} weights, {self.dtype} activations, "
+                f"{self.layers} layers, attention as {self.attention}{int4}")
+
+
+def kernel_profile(net, row_check: str = "not run") -> KernelProfile:
+    """The profile a loaded network runs with."""
+    cpu = net.device.type == "cpu"
+    int4 = [m for m in net.modules() if isinstance(m, Int4Linear)]
+    dtype = str(net.dtype).removeprefix("torch.")
+    loops = net.native is not None and net.native.loops
+    return KernelProfile(
+        device="cpu" if cpu else torch.cuda.get_device_name(net.device),
+        isa=cpu_isa() if cpu else "", onednn_max_isa=onednn_max_isa() if cpu else "",
+        torch=torch.__version__, weights="int4" if int4 else dtype, dtype=dtype,
+        layers="compiled" if net.native is not None else "python",
+        attention="loops" if loops else "products",
+        int4_kernel=("amx" if any(m.amx is not None for m in int4) else "aten") if int4 else "",
+        rows=(f"chunk={CHUNK} fp32_min_rows={linear.FP32_MIN_ROWS} "
+              f"onednn_min_work={linear.ONEDNN_MIN_WORK} max_rows={linear.MAX_ROWS}"),
+        row_check=row_check)

@@ -1,0 +1,71 @@
+"""The kernel profile: named at load, checked on the host (a draft tree's rows against their
+tokens run alone), shown by `longspec info` and kept with every run's stats."""
+
+import json
+import warnings
+
+import pytest
+
+import longspec
+from longspec.cli import main
+from longspec.models import selfcheck
+from longspec.models.compiled import extension
+
+
+def test_profile_names_the_kernels_and_the_row_check_passes():
+    model = longspec.load_model("demo", dtype="float32", device="cpu")
+    p = model.profile
+    assert (p.device, p.weights, p.dtype, p.layers, p.attention) == (
+        "cpu", "float32", "float32", "python", "products")
+    assert p.isa in ("AMX", "AVX512", "AVX2", "DEFAULT") and p.row_check == "passed"
+    assert "fp32_min_rows=2" in p.rows
+    res = longspec.generate(model, "x = 1\n", max_new_tokens=4, method="ar")
+    assert res.stats["kernel_profile"] == p.as_dict()
+
+
+@pytest.mark.skipif(extension() is None, reason="no compiler for the compiled layers")
+def test_quantized_model_runs_the_compiled_loops():
+    p = longspec.load_model("demo", quantize="q4", device="cpu").profile
+    assert (p.weights, p.dtype, p.layers, p.attention) == ("int4", "bfloat16", "compiled",
+                                                           "loops")
+    assert p.int4_kernel == ("amx" if p.isa == "AMX" else "aten")
+
+
+def test_the_row_check_finds_a_row_that_differs(tiny_model):
+    net = tiny_model.net
+    assert selfcheck.row_mismatch(net) is None
+    wqkv = net.layers[0].wqkv
+    forward = wqkv.forward
+    # a product whose rows depend on how many there are, as a kernel can
+    wqkv.forward = lambda x: forward(x) * (1 + 1e-3 * (x.shape[0] > 1))
+    try:
+        assert selfcheck.row_mismatch(net) == "row 0 of a 40-row draft tree"
+    finally:
+        del wqkv.forward
+
+
+@pytest.mark.skipif(extension() is None, reason="no compiler for the compiled layers")
+def test_compiled_layers_that_fail_the_check_give_way_to_python_ones(monkeypatch, tmp_path):
+    monkeypatch.setenv("LONGSPEC_HOME", str(tmp_path))
+    real = selfcheck.row_mismatch
+    monkeypatch.setattr(selfcheck, "row_mismatch", lambda net: "row 3 of a 40-row draft tree"
+                        if net.native is not None else real(net))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = longspec.load_model("demo", quantize="q4", device="cpu")
+    assert model.net.native is None and model.profile.layers == "python"
+    assert model.profile.row_check.startswith("compiled layers failed (row 3")
+    assert any("running the Python layers instead" in str(w.message) for w in caught)
+    # the answers are kept: the next load asks nothing
+    monkeypatch.setattr(selfcheck, "row_mismatch", lambda net: pytest.fail("checked again"))
+    assert longspec.load_model("demo", quantize="q4", device="cpu").profile.layers == "python"
+    assert len(json.loads((tmp_path / "row-checks.json").read_text())) == 2
+
+
+def test_info_prints_the_model_and_its_profile(capsys):
+    assert main(["info", "demo", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "architecture" in out and "kernel profile" in out and "row_check" in out
+    assert main(["info", "demo", "--dtype", "float32", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kernel_profile"]["layers"] == "python" and info["layers"] == 8
