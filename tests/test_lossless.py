@@ -1,9 +1,12 @@
 """Every method writes exactly the tokens plain decoding writes: same seed, same settings,
-greedy and sampled, with and without the penalty, on the demo model. The slow tier: 1K new
-tokens in float32 (greedy and sampled, both with the penalty) and 512 in bfloat16 (greedy and
-top-p, without it), so that every setting runs long in one dtype; the fast tier: 128 tokens of
-the penalty settings in float32 and a sampled one in bfloat16, on another prompt. Exactness in
-bfloat16 rests on the batch-invariant forward (test_batch_invariance.py)."""
+greedy and sampled, with and without the penalty, on the demo model, dense and quantized. The
+slow tier: 1K new tokens in float32 (greedy and sampled, both with the penalty) and 512 in
+bfloat16 and with int4 weights (greedy and top-p, without it), so that every setting runs long
+in one dtype; the fast tier: 128 tokens of the penalty settings in float32 and a sampled one in
+bfloat16 and int4, on another prompt. Exactness in bfloat16 rests on the batch-invariant
+forward (test_batch_invariance.py); int4 is the demo model quantized group-wise (`--quantize
+q4`), the path a GGUF file takes: its products on the int4 kernel, its layers compiled where a
+compiler is. CI runs this file under every kernel profile it can emulate (.ci/run)."""
 
 import functools
 from pathlib import Path
@@ -43,8 +46,10 @@ def prompts():
 
 @functools.cache
 def models(dtype: str = "float32"):
-    return (longspec.load_model("demo", dtype=dtype, device="cpu"),
-            longspec.load_model("demo-draft", dtype=dtype, device="cpu"))
+    """(target, draft) in `dtype`, or with int4 weights and bfloat16 activations ('int4')."""
+    load = ({"quantize": "q4", "dtype": "bfloat16"} if dtype == "int4" else {"dtype": dtype})
+    return (longspec.load_model("demo", device="cpu", **load),
+            longspec.load_model("demo-draft", device="cpu", **load))
 
 
 @functools.cache
@@ -95,15 +100,23 @@ def test_method_matches_ar_token_for_token_in_bfloat16(method, setting, drafter)
     check_matches_ar(method, setting, "transformers", BF16_NEW_TOKENS, "bfloat16", drafter)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["greedy", "sampling_top_p"])
+@pytest.mark.parametrize("method", METHODS)
+def test_method_matches_ar_token_for_token_with_int4_weights(method, setting, drafter):
+    check_matches_ar(method, setting, "transformers", BF16_NEW_TOKENS, "int4", drafter)
+
+
 @pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
 @pytest.mark.parametrize("method", METHODS)
 def test_method_matches_ar_for_128_tokens(method, setting, drafter):
     check_matches_ar(method, setting, "tqdm", 128, drafter=drafter)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "int4"])
 @pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_for_128_tokens_in_bfloat16(method, drafter):
-    check_matches_ar(method, "sampling_min_p_penalty", "tqdm", 128, "bfloat16", drafter)
+def test_method_matches_ar_for_128_tokens_in_bfloat16(method, dtype, drafter):
+    check_matches_ar(method, "sampling_min_p_penalty", "tqdm", 128, dtype, drafter)
 
 
 @pytest.mark.slow

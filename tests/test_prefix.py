@@ -1,0 +1,63 @@
+"""Prefix invariance: the first tokens of a run are the same whatever max_new_tokens, the stop
+strings or the method, because the arithmetic a position gets depends on the model, its kernel
+profile and the position alone (DESIGN.md section 10). Runs of 3,000 new tokens cross every
+length the code knows: attention's 256-position chunks, the prefill's chunking, and 2,048
+positions, where the compiled layers once switched from loops to products; on a tiny model with
+4K positions, dense float32 and int4 (the compiled layers where a compiler is). CI runs this file
+under every kernel profile it can emulate (.ci/run)."""
+
+import functools
+
+import pytest
+from helpers import make_checkpoint
+
+import longspec
+
+SHORT, LONG = 64, 3000
+S = longspec.SamplingConfig
+SETTINGS = {"greedy": S(temperature=0), "sampling": S(temperature=0.9, top_p=0.95)}
+PROMPT = list(range(5, 45))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prefix")
+    make_checkpoint(path, "qwen2", vocab=320, max_positions=4096, hidden=64, intermediate=128,
+                    heads=4, kv_heads=2)
+    return path
+
+
+@functools.cache
+def load(path, weights: str):
+    load = {"quantize": "q4", "dtype": "bfloat16"} if weights == "int4" else {"dtype": weights}
+    return longspec.load_model(path, device="cpu", **load)
+
+
+def run(path, weights: str, setting: str, new_tokens: int, method: str = "ar", **kwargs):
+    return longspec.generate(load(path, weights), PROMPT, max_new_tokens=new_tokens,
+                             method=method, sampling=SETTINGS[setting], seed=7, ignore_eos=True,
+                             **kwargs).token_ids
+
+
+def test_int4_ar_prefix_does_not_depend_on_max_new_tokens(tiny_dir):
+    assert load(tiny_dir, "int4").profile.weights == "int4"
+    long = run(tiny_dir, "int4", "sampling", LONG)
+    assert run(tiny_dir, "int4", "sampling", SHORT) == long[:SHORT]
+    assert run(tiny_dir, "int4", "sampling", LONG, "auto") == long
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("weights", ["float32", "int4"])
+def test_every_length_and_method_agrees_on_the_prefix(tiny_dir, weights, setting):
+    long = run(tiny_dir, weights, setting, LONG)
+    for n in (1, SHORT, 2100):
+        assert run(tiny_dir, weights, setting, n) == long[:n], n
+    for method in ("auto", "pld", "recycling"):
+        assert run(tiny_dir, weights, setting, LONG, method) == long, method
+
+
+def test_a_stop_token_leaves_the_tokens_before_it_as_they_were(tiny_dir):
+    full = run(tiny_dir, "float32", "greedy", SHORT)
+    cut = run(tiny_dir, "float32", "greedy", SHORT, "pld", stop=[full[40]])
+    assert cut == full[:len(cut)] and len(cut) <= 41
