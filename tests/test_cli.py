@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import longspec
 from longspec.cli import main
 
@@ -59,7 +61,24 @@ def test_demo_command_prints_a_summary_line(capsys):
     assert main(["demo", "--model", "demo", "--max-new-tokens", "48"]) == 0
     out = capsys.readouterr().out
     assert "[longspec demo] 48 tokens" in out and "tokens/s" in out and "faster" in out
-    assert "first 48 tokens identical to plain decoding" in out
+    assert "Over the first 48 tokens" in out and "the tokens are identical" in out
+    assert "Kernel profile: cpu" in out
+
+
+@pytest.mark.network
+def test_demo_on_smollm2_exits_0_with_an_answer_that_does_not_loop(capsys):
+    try:
+        longspec.fetch_model("smollm2")
+    except ValueError as e:
+        pytest.skip(f"no network: {e}")
+    assert main(["demo", "--max-new-tokens", "400"]) == 0
+    out = capsys.readouterr().out
+    answer = out[out.index("```", out.index("return the whole module")) + 3:
+                 out.index("[longspec demo]")]
+    words = answer.split()
+    grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
+    assert len(words) > 100 and len(set(grams)) / len(grams) > 0.8
+    assert "the tokens are identical" in out
 
 
 def test_fetch_command_prints_where_the_model_is(tmp_path, monkeypatch, capsys):

