@@ -12,7 +12,7 @@ from longspec.models.linear import DenseLinear
 
 TOL = 2e-5
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0"]
 
 
 def check_parity(tmp_path, family, qtype, rope="default", tied=False, **sizes):

@@ -46,14 +46,14 @@ def kernel_weights(blocks: Blocks, dtype: torch.dtype) -> torch.Tensor:
     return KERNEL(x, packed, 32, sz).float().t()
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K"])
 def test_kernel_operands_reproduce_gguf_dequantization_exactly(qtype):
     blocks = gguf_matrix(qtype)
     gguf_values = torch.from_numpy(dequantize(blocks.raw, GGMLQuantizationType[qtype]))
     assert torch.equal(kernel_weights(blocks, torch.float32), gguf_values.reshape(N, K))
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K"])
 def test_bfloat16_kernel_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     blocks = gguf_matrix(qtype)
     gguf_values = torch.from_numpy(dequantize(blocks.raw, GGMLQuantizationType[qtype]))
@@ -66,7 +66,7 @@ def test_bfloat16_kernel_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     assert (fast - gguf_values.reshape(N, K)).abs().max() <= bound
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K"])
 def test_int4_layer_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     """The weights Int4Linear multiplies with (AMX's kernel where the CPU has it: exact scales
     and mins, the output rounded to bfloat16), read back through one-hot rows."""
@@ -79,7 +79,7 @@ def test_int4_layer_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     assert (ours - gguf_values.reshape(N, K)).abs().max() <= bound
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_K"])
 def test_two_halves_join_into_8_bit_codes_of_the_same_values(qtype):
     codes, scales, mins, doubled = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a
                                     for a in kernel_operands(gguf_matrix(qtype)))

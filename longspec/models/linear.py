@@ -73,9 +73,10 @@ class DenseLinear(nn.Module):
 
 def joined_halves(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """A matrix of two 4-bit halves (Q8_0, Q5_K) as one of 8-bit codes, q = 16 high + low - 128
-    with the low half's scale, where one half's scales are 16 times the other's (that half the
-    high one) and the mins then add up exactly (every weight the same value); else None."""
+    """A matrix of two 4-bit halves (Q8_0, Q5_0, Q5_K) as one of 8-bit codes,
+    q = 16 high + low - 128 with the low half's scale, where one half's scales are 16 times the
+    other's (that half the high one) and the mins then add up exactly (every weight the same
+    value); else None."""
     k, g = codes.shape[1] // 2, scales.shape[1] // 2
     halves = [(codes[:, :k], scales[:, :g].float(), mins[:, :g].double()),
               (codes[:, k:], scales[:, g:].float(), mins[:, g:].double())]
@@ -116,13 +117,13 @@ def pack_amx(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits
 
 class Int4Linear(nn.Module):
     """y = x W^T + b with W kept as packed 4-bit codes and per-32 scales and mins:
-    W[n, k] = q[n, k] * scale + min. Formats with more bits (Q8_0, Q5_K) are two 4-bit halves
-    along K, the activations given twice (`doubled`).
+    W[n, k] = q[n, k] * scale + min. Formats with more bits (Q8_0, Q5_0, Q5_K) are two 4-bit
+    halves along K, the activations given twice (`doubled`).
 
     On a CPU with AMX tiles the product is native.cpp's `int4_amx`: scales and mins exact
     (float16 or float32), sum_k q x per group on the tiles, and one pass over the weights for
     up to 16 rows (a 16-row product costs ~1.3x a 1-row one); two halves whose scales allow it
-    run as one matrix of 8-bit codes (Q8_0, Q5_K). Elsewhere it is ATen's int4
+    run as one matrix of 8-bit codes (Q8_0, Q5_0, Q5_K). Elsewhere it is ATen's int4
     kernel, W = (q - 8) * scale + zero with the scale and zero in bfloat16, which costs ~1x
     more per row past 4 rows. Both are row-invariant."""
 

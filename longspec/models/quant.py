@@ -10,6 +10,7 @@ formats map onto it exactly (every value in float32 equals `gguf.quants.dequanti
 | Q4_1 | nibble                   | d              | m                          | K   |
 | Q4_K | nibble                   | d sc_j         | -dmin mn_j                 | K   |
 | Q8_0 | [q8 >> 4 + 8, q8 & 15]   | [16d, d]       | [-128d, 0]                 | 2K  |
+| Q5_0 | [low nibble, high bit+8] | [d, 16d]       | [-16d, -128d]              | 2K  |
 | Q5_K | [low nibble, high bit+8] | [d sc, 16 d sc]| [-dmin mn, -128 d sc]      | 2K  |
 
 (2K: two 4-bit halves along K, the activations given twice.) Q6_K has a scale per 16 weights,
@@ -25,8 +26,8 @@ import numpy as np
 import torch
 
 GROUP = 32
-KERNEL_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q5_K")
-DOUBLED = ("Q8_0", "Q5_K")
+KERNEL_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q5_0", "Q5_K")
+DOUBLED = ("Q8_0", "Q5_0", "Q5_K")
 QUANTIZE = ("q4", "q8")
 
 
@@ -73,6 +74,14 @@ def kernel_operands(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray,
         d = _f16(b[..., 0:2])
         q8 = np.ascontiguousarray(b[..., 2:34]).view(np.int8).astype(np.int32).reshape(n, k)
         return _halves(q8, d)
+    if blocks.qtype == "Q5_0":
+        b = raw.reshape(n, k // 32, 22)
+        d = _f16(b[..., 0:2])
+        bits = np.ascontiguousarray(b[..., 2:6]).view("<u4")          # bit j -> element j
+        high = (bits >> np.arange(32, dtype=np.uint32)) & 1
+        return (np.concatenate([_nibbles(b[..., 6:22]).reshape(n, k),
+                                high.reshape(n, k).astype(np.int32) + 8], 1),
+                np.concatenate([d, 16 * d], 1), np.concatenate([-16 * d, -128 * d], 1), True)
     if blocks.qtype in ("Q4_K", "Q5_K"):
         size = 144 if blocks.qtype == "Q4_K" else 176
         b = raw.reshape(n, k // 256, size)
