@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..models.sources import BUNDLED
 from .flags import (
     check_writable,
     load_from_args,
@@ -22,7 +23,7 @@ from .flags import (
 def add_parser(sub) -> None:
     g = sub.add_parser("generate", help="generate text with a model")
     g.add_argument("model", help="checkpoint directory, .gguf file, Hub id or bundled name "
-                   "(demo, demo-draft, smollm2)")
+                   f"({', '.join(BUNDLED)})")
     prompt_flags(g)
     g.add_argument("--max-new-tokens", type=int, default=256)
     method_flags(g)
