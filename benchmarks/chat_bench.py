@@ -28,6 +28,7 @@ import torch
 import longspec
 from longspec.bench.peers import PEERS, Peers, peer_status
 from longspec.bench.runner import parse_entry
+from longspec.drafters import METHODS
 from longspec.request import encode_prompt
 
 PROMPTS = [
@@ -51,7 +52,7 @@ SETTINGS = {"greedy": longspec.SamplingConfig(temperature=0),
             "t07": longspec.SamplingConfig(temperature=0.7, top_p=0.9)}
 
 
-def run_one(model, peers, method: str, prompt_ids: list[int], n: int, sampling) -> dict:
+def run_one(model, draft, peers, method: str, prompt_ids: list[int], n: int, sampling) -> dict:
     model.state.clear()
     if method in PEERS:
         start = time.perf_counter()
@@ -60,7 +61,8 @@ def run_one(model, peers, method: str, prompt_ids: list[int], n: int, sampling) 
         return {"tokens": tokens, "seconds": seconds, "tok_s": len(tokens) / seconds}
     entry = parse_entry(method, {})
     res = longspec.generate(model, prompt_ids, max_new_tokens=n, method=entry.method,
-                            options=entry.options, sampling=sampling, seed=0, ignore_eos=True)
+                            options=entry.options, sampling=sampling, seed=0, ignore_eos=True,
+                            draft_model=draft if METHODS[entry.method].needs_draft_model else None)
     s = res.stats
     return {"tokens": res.token_ids, "seconds": s["decode_s"], "tok_s": s["tokens_per_s"],
             "len": s["mean_accepted_length"], "nodes": s["mean_tree_nodes"],
@@ -84,9 +86,13 @@ def main() -> None:
     p.add_argument("--settings", default="greedy,t07")
     p.add_argument("--prompts", type=int, default=len(PROMPTS))
     p.add_argument("--repeats", type=int, default=1, help="runs per method (median reported)")
+    p.add_argument("--draft-model", help="draft model (methods draft, triforce)")
     p.add_argument("--out", default="chat_bench.json")
     args = p.parse_args()
     model = longspec.load_model(args.model, dtype=args.dtype, device="cpu")
+    draft = None if args.draft_model is None else longspec.load_model(args.draft_model,
+                                                                     dtype=args.dtype, device="cpu")
+    print(model.profile, flush=True)
     methods = args.methods.split(",")
     for m in [m for m in methods if m in PEERS]:
         status = peer_status(m, model, SETTINGS["greedy"], 0, False)
@@ -100,11 +106,12 @@ def main() -> None:
         sampling = SETTINGS[setting]
         for k, text in enumerate(PROMPTS[:args.prompts]):
             ids = encode_prompt(model, [{"role": "user", "content": text}])
-            run_one(model, peers, "ar", ids, 16, sampling)               # warm-up
+            run_one(model, draft, peers, "ar", ids, 16, sampling)               # warm-up
             runs = {m: [] for m in methods}
             for _ in range(args.repeats):           # interleaved, so drift hits all alike
                 for m in methods:
-                    runs[m].append(run_one(model, peers, m, ids, args.new_tokens, sampling))
+                    runs[m].append(run_one(model, draft, peers, m, ids, args.new_tokens,
+                                           sampling))
             results = {m: median_run(r) for m, r in runs.items()}
             ref = results["ar"]
             eos = model.eos_token_ids
@@ -132,7 +139,9 @@ def main() -> None:
                 "all_identical": all(r["identical"] in (True, None) for r in mine)}
             print(f"{setting:7s} {m:12s} {json.dumps(summary[f'{setting}/{m}'])}", flush=True)
     with open(args.out, "w") as f:
-        json.dump({"model": args.model, "dtype": str(model.dtype), "new_tokens": args.new_tokens,
+        json.dump({"model": args.model, "draft_model": args.draft_model,
+                   "kernel_profile": model.profile.as_dict(), "dtype": str(model.dtype),
+                   "new_tokens": args.new_tokens,
                    "threads": torch.get_num_threads(), "rows": rows, "summary": summary}, f,
                   indent=1)
 
