@@ -4,10 +4,10 @@
 // The RMS norms, RoPE, attention's score scaling and masking and the sum of its partials are
 // plain loops doing each element's float operations as ATen's kernels round them, the norm's
 // one reduction (its sum) left to ATen. Attention runs as loops instead (loop_attention,
-// below) wherever the head size allows (native.py says when). On CPUs with AMX the int4 products are this
-// file's int4_amx, in both paths (Int4Linear calls it too). compiled.py builds this file
-// (without contracting a * b + c into one rounding) and native.py says when it is used;
-// change both paths together.
+// below) wherever the head size allows (native.py says when). On CPUs with AMX the int4
+// products are this file's int4_amx, in both paths (Int4Linear calls it too). compiled.py
+// builds this file (without contracting a * b + c into one rounding) and native.py says when
+// it is used; change both paths together.
 
 #include <torch/extension.h>
 

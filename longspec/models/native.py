@@ -11,7 +11,7 @@ multiple of 16 (others take the products): one arithmetic per position, whatever
 length, so a generation's first tokens do not depend on how long it will be. Every forward
 (prefill, decoding, drafts) takes them, so the prompt's cache is what decoding would write and
 every row is what its token gets alone; their output is within bfloat16 rounding of the Python
-path's, not bitwise it. Against the products (oneDNN) they cost 0.3-0.65x on a CPU with only
+path's, not bitwise it. Against the products (oneDNN) they cost 0.2-0.66x on a CPU with only
 AVX2 (300 to 4K positions), 0.6-0.86x on one with AMX (to 16K), and 0.76-1.25x on AVX-512
 without AMX (more than the products past ~2K positions; BENCHMARKS.md).
 

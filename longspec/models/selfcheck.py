@@ -114,13 +114,14 @@ def checked_profile(net) -> KernelProfile:
     answers = _Answers()
     problem = answers.mismatch(net)
     if problem is not None and net.native is not None:
-        net.native = None
-        if answers.mismatch(net) is None:
-            warnings.warn(f"longspec: on this CPU the compiled layers' {problem} differs from "
-                          "its token run alone; running the Python layers instead (slower, "
-                          "exact)", stacklevel=3)
-            return kernel_profile(net, f"compiled layers failed ({problem}): python layers")
+        compiled_problem, net.native = problem, None
         problem = answers.mismatch(net)
+        if problem is None:
+            warnings.warn(f"longspec: on this CPU the compiled layers' {compiled_problem} differs "
+                          "from its token run alone; running the Python layers instead (slower, "
+                          "exact)", stacklevel=3)
+            return kernel_profile(net, f"compiled layers failed ({compiled_problem}): python "
+                                       "layers")
     if problem is not None:
         warnings.warn(f"longspec: on this CPU the {problem} differs from its token run alone: "
                       "speculative methods may write other tokens than plain decoding (ar) "
