@@ -184,7 +184,8 @@ def test_untied_checkpoint_without_lm_head_is_refused(tmp_path, ckpt):
 
 def test_model_that_is_no_directory_file_bundled_name_or_hub_id(tmp_path):
     with pytest.raises(ValueError, match="not found: it is no local directory or .gguf file, no "
-                                         "bundled name \\(demo, demo-draft, smollm2\\) and no "
+                                         "bundled name \\(demo, demo-draft, smollm2, "
+                                         "qwen-coder-1.5b, qwen-coder-0.5b\\) and no "
                                          "Hugging Face Hub id"):
         longspec.load_model("no/such/model/here")
     (tmp_path / "weights.bin").write_bytes(b"\x00")

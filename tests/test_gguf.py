@@ -127,8 +127,8 @@ def test_gguf_with_unsupported_type_or_architecture_is_refused(tmp_path):
     import gguf
 
     hf = make_checkpoint(tmp_path / "hf", "llama")
-    write_gguf(hf, tmp_path / "m.gguf", "Q5_0")
-    with pytest.raises(ValueError, match="is Q5_0, which longspec does not load; supported: F32"):
+    write_gguf(hf, tmp_path / "m.gguf", "Q5_1")
+    with pytest.raises(ValueError, match="is Q5_1, which longspec does not load; supported: F32"):
         longspec.load_model(tmp_path / "m.gguf")
     w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma2")
     w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
