@@ -151,8 +151,10 @@ def test_quantize_a_dense_checkpoint(tmp_path, kind):
     ids = torch.randint(0, 320, (24,), generator=torch.Generator().manual_seed(3))
     a, b = our_logits(dense, ids).float(), our_logits(quant, ids).float()
     # weights: 4 bits per value in groups of 32 keep a Gaussian matrix within ~8% (relative
-    # RMS), 8 bits within ~0.5%; random tiny models amplify that in the logits
-    assert (a - b).norm() / a.norm() < (0.6 if kind == "q4" else 0.05)
+    # RMS), 8 bits within ~0.5%; random tiny models amplify that in the logits (bfloat16 alone
+    # moves them 2.1% from float32 here; q8 on ATen's kernel 4.2%, on int4_mm's int8
+    # activations 5.3%)
+    assert (a - b).norm() / a.norm() < (0.6 if kind == "q4" else 0.07)
     w = dense.net.layers[0].w_down.dense_weight.float()
     codes, scales, mins, doubled = (torch.as_tensor(v) for v in quantize_dense(w, kind))
     back = codes.float() * scales.repeat_interleave(32, 1) + mins.repeat_interleave(32, 1)

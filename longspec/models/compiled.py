@@ -1,5 +1,7 @@
-"""native.cpp, compiled on first use against the installed PyTorch (torch.utils.cpp_extension;
-~40 s once, then cached in PyTorch's extensions directory, one build per CPU instruction set).
+"""native.cpp and int4_mm.cpp, compiled on first use against the installed PyTorch
+(torch.utils.cpp_extension; ~40 s once, then cached in PyTorch's extensions directory, one build
+per CPU instruction set). int4_mm.cpp registers the operator longspec::int4_mm (torch.library;
+its fake implementation is here).
 Without a C++ compiler, or with LONGSPEC_NATIVE=0 in the environment, nothing is compiled: the
 layers run in Python and int4 products on ATen's kernel. Either is another kernel profile
 (profile.py): other bits, so other tokens sooner or later, and recorded as such."""
@@ -19,8 +21,9 @@ import torch
 # loops' results do not depend on them (GCC vectors, each lane's operations in a fixed order,
 # nothing contracted into fused multiply-adds); the build's name does, so that a build directory
 # shared by machines with other CPUs never runs one's instructions on the other.
-ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma"],
-             "AVX2": ["-mavx2", "-mfma"]}
+ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma",
+                        "-mf16c"],
+             "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
 # CPUs with AMX tiles (bfloat16) also get the int4 product on them (native.cpp's int4_amx)
 AMX_FLAGS = ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
 
@@ -63,8 +66,8 @@ def extension() -> ModuleType | None:
         print("longspec: compiling the kernels for quantized models (once, ~40 s)",
               file=sys.stderr, flush=True)
     try:
-        return cpp_extension.load(
-            name, [str(Path(__file__).with_name("native.cpp"))],
+        module = cpp_extension.load(
+            name, [str(Path(__file__).with_name(f)) for f in ("native.cpp", "int4_mm.cpp")],
             extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *flags],
             extra_ldflags=["-fopenmp"])
     except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
@@ -74,6 +77,27 @@ def extension() -> ModuleType | None:
                       "to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
                       stacklevel=2)
         return None
+    if int4_mm_built():
+        torch.library.register_fake("longspec::int4_mm")(_int4_mm_shape)
+    return module
+
+
+def int4_mm_built() -> bool:
+    """Whether the loaded build defines longspec::int4_mm (builds for AVX2 and up do)."""
+    return hasattr(torch.ops.longspec, "int4_mm")
+
+
+def _int4_mm_shape(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor
+                   ) -> torch.Tensor:
+    """int4_mm's output without computing it: [rows, n] in the activations' dtype."""
+    return x.new_empty(x.shape[0], codes.shape[0])
+
+
+@functools.cache
+def int4_mm() -> bool:
+    """Whether int4 products run on longspec::int4_mm here: a build for AVX2 or AVX-512, and no
+    AMX tiles (those take native.cpp's int4_amx)."""
+    return extension() is not None and int4_mm_built() and amx_int4() is None
 
 
 @functools.cache

@@ -15,7 +15,8 @@ and 2.15, oneDNN; BENCHMARKS.md), and checked on the host at every load (selfche
   rows on; 1 row takes another path (with AVX-512 above K = 1024, with AVX2 at some smaller K
   too): it runs as two rows (FP32_MIN_ROWS). It is also 2-2.5x faster than MKL for 8-16 rows.
 - the int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`, bfloat16 activations) is
-  row-invariant for 1..64 rows as it is; so is native.cpp's on AMX tiles (Int4Linear).
+  row-invariant for 1..64 rows as it is; so are native.cpp's on AMX tiles and
+  longspec::int4_mm (int4_mm.cpp), by construction (Int4Linear).
 Elsewhere (CUDA), `F.linear`; its invariance is checked where a GPU is at hand.
 """
 
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .compiled import amx_int4
+from .compiled import amx_int4, int4_mm
 
 FP32_MIN_ROWS = 2    # float32 products of 1 row take another path in oneDNN: run as 2
 ONEDNN_MIN_WORK = 16 ** 3   # bfloat16 products with rows * K * N at most this skip oneDNN
@@ -115,6 +116,21 @@ def pack_amx(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits
     return packed.contiguous(), per_tile.contiguous()
 
 
+def pack_int4_mm(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Operands of longspec::int4_mm (int4_mm.cpp): 4-bit codes [out, K'] -> uint8 [out, K' / 2]
+    (of each 64 codes, code j in byte j's low nibble and code 32 + j in its high one); scales and
+    mins -> [out, K' / 32, 2] in float16 where every one of them is a float16 value, else
+    float32."""
+    out, k = codes.shape
+    pairs = codes.to(torch.uint8).view(out, k // 64, 2, 32)
+    packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out, k // 2)
+    scale_min = torch.stack([scales.float(), mins.float()], -1)
+    if torch.equal(scale_min.half().float(), scale_min):
+        scale_min = scale_min.half()
+    return packed.contiguous(), scale_min.contiguous()
+
+
 class Int4Linear(nn.Module):
     """y = x W^T + b with W kept as packed 4-bit codes and per-32 scales and mins:
     W[n, k] = q[n, k] * scale + min. Formats with more bits (Q8_0, Q5_0, Q5_K) are two 4-bit
@@ -123,9 +139,11 @@ class Int4Linear(nn.Module):
     On a CPU with AMX tiles the product is native.cpp's `int4_amx`: scales and mins exact
     (float16 or float32), sum_k q x per group on the tiles, and one pass over the weights for
     up to 16 rows (a 16-row product costs ~1.3x a 1-row one); two halves whose scales allow it
-    run as one matrix of 8-bit codes (Q8_0, Q5_0, Q5_K). Elsewhere it is ATen's int4
-    kernel, W = (q - 8) * scale + zero with the scale and zero in bfloat16, which costs ~1x
-    more per row past 4 rows. Both are row-invariant."""
+    run as one matrix of 8-bit codes (Q8_0, Q5_0, Q5_K). On other CPUs with AVX2 it is
+    longspec::int4_mm: the activations quantized to int8 per 32 as llama.cpp does, integer dot
+    products per group, scales and mins exact (1.7-1.9x ATen's speed for one row, ~1.1x for 16;
+    BENCHMARKS.md). Without the compiled kernels it is ATen's int4 kernel, W = (q - 8) * scale
+    + zero with the scale and zero in bfloat16. All three are row-invariant."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                  doubled: bool, bias: torch.Tensor | None = None, group: int = 32):
@@ -135,12 +153,16 @@ class Int4Linear(nn.Module):
         self.doubled = doubled
         self.out_features = codes.shape[0]
         self.amx = amx_int4() if group == 32 else None
+        # longspec::int4_mm takes groups of 32 in pairs
+        self.int4_mm = group == 32 and codes.shape[1] % 64 == 0 and int4_mm()
         joined = joined_halves(codes, scales, mins) if self.amx is not None and doubled else None
         if joined is not None:      # one 8-bit group where there were two 4-bit ones
             self.doubled = False
             packed, scale_zero = pack_amx(*joined, bits=8)
         elif self.amx is not None:
             packed, scale_zero = pack_amx(codes, scales, mins, bits=4)
+        elif self.int4_mm:
+            packed, scale_zero = pack_int4_mm(codes, scales, mins)
         else:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 codes.to(torch.int32).contiguous(), 1)
@@ -162,6 +184,9 @@ class Int4Linear(nn.Module):
             # float32 activations get float32 outputs (the tiles' sums unrounded)
             y = self.amx.int4_amx(xin, self.packed, self.scale_zero, self.doubled,
                                   x.dtype == torch.float32)
+        elif self.int4_mm:
+            y = torch.ops.longspec.int4_mm(x if x.dtype == torch.float32 else xin, self.packed,
+                                           self.scale_zero)
         else:
             if self.doubled:
                 xin = torch.cat([xin, xin], -1)

@@ -385,7 +385,8 @@ bool amx_ready() {
 #endif
 
 // Int4Linear.forward (with scale_zero; `size` its group) or DenseLinear.forward (without;
-// `size` its min_rows) for bfloat16 activations.
+// `size` its min_rows) for bfloat16 activations. Int4Linear's operands say its kernel:
+// int4_amx's weights are 3-D, longspec::int4_mm's scales float16 or float32, ATen's bfloat16.
 Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& scale_zero,
               int64_t size, bool doubled, const std::optional<Tensor>& bias) {
   if (scale_zero) {
@@ -395,6 +396,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
       return bias ? y + *bias : y;
     }
 #endif
+    if (scale_zero->scalar_type() != at::kBFloat16) {   // longspec::int4_mm's operands
+      static const auto int4_mm = c10::Dispatcher::singleton()
+          .findSchemaOrThrow("longspec::int4_mm", "")
+          .typed<Tensor(const Tensor&, const Tensor&, const Tensor&)>();
+      Tensor y = int4_mm.call(x, weight, *scale_zero);
+      return bias ? y + *bias : y;
+    }
     Tensor xin = doubled ? at::cat({x, x}, -1) : x;
     Tensor y = at::_weight_int4pack_mm_for_cpu(xin.contiguous(), weight, size, *scale_zero);
     return bias ? y + *bias : y;

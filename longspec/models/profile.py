@@ -37,7 +37,9 @@ class KernelProfile:
     dtype: str           # the activations
     layers: str          # "compiled" (native.cpp) or "python"
     attention: str       # "loops" (native.cpp, every length) or "products" (attention.py)
-    int4_kernel: str     # "amx" (native.cpp's tiles), "aten", or "" without int4 weights
+    # "amx" (native.cpp's tiles), "int4_mm" (int4_mm.cpp, AVX2), "aten", or "" without int4
+    # weights; "+" joins several (a matrix whose shape int4_mm does not take runs on ATen's)
+    int4_kernel: str
     rows: str            # the row rules that keep products batch-invariant (linear.py)
     # the load-time row check (selfcheck.py): "passed", or what failed and what was done
     row_check: str = "not run"
@@ -65,7 +67,13 @@ def kernel_profile(net, row_check: str = "not run") -> KernelProfile:
         torch=torch.__version__, weights="int4" if int4 else dtype, dtype=dtype,
         layers="compiled" if net.native is not None else "python",
         attention="loops" if loops else "products",
-        int4_kernel=("amx" if any(m.amx is not None for m in int4) else "aten") if int4 else "",
+        int4_kernel=int4_kernel(int4),
         rows=(f"chunk={CHUNK} fp32_min_rows={linear.FP32_MIN_ROWS} "
               f"onednn_min_work={linear.ONEDNN_MIN_WORK} max_rows={linear.MAX_ROWS}"),
         row_check=row_check)
+
+
+def int4_kernel(modules: list[Int4Linear]) -> str:
+    """The int4 kernels `modules` run on (KernelProfile.int4_kernel)."""
+    kinds = {"amx" if m.amx is not None else "int4_mm" if m.int4_mm else "aten" for m in modules}
+    return "+".join(k for k in ("amx", "int4_mm", "aten") if k in kinds)

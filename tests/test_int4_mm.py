@@ -1,0 +1,95 @@
+"""longspec::int4_mm (models/int4_mm.cpp), the int4 product of CPUs with AVX2: a registered
+operator whose rows do not depend on how many there are, within int8 activation rounding of the
+exact product, for 4-bit matrices and doubled ones (two halves), float16 and float32 scales."""
+
+import pytest
+import torch
+
+from longspec.models.compiled import extension, int4_mm_built
+from longspec.models.linear import pack_int4_mm
+
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(extension() is None or not int4_mm_built(),
+                       reason="longspec::int4_mm is built for CPUs with AVX2 and a compiler"),
+]
+
+
+def operands(out: int, k: int, doubled: bool, half_scales: bool, seed: int = 0):
+    """(codes, scale_min, W [out, k] float64) of a random int4 matrix."""
+    g = torch.Generator().manual_seed(seed)
+    width = 2 * k if doubled else k
+    codes = torch.randint(0, 16, (out, width), generator=g)
+    scales = torch.rand(out, width // 32, generator=g) * 0.02
+    mins = -torch.rand(out, width // 32, generator=g) * 0.1
+    if half_scales:
+        scales, mins = scales.half().float(), mins.half().float()
+    w = (codes.double().view(out, -1, 32) * scales.double()[..., None]
+         + mins.double()[..., None]).view(out, width)
+    if doubled:
+        w = w[:, :k] + w[:, k:]
+    packed, scale_min = pack_int4_mm(codes, scales, mins)
+    assert scale_min.dtype == (torch.float16 if half_scales else torch.float32)
+    return packed, scale_min, w
+
+
+CASES = [(96, 128, False, True), (64, 192, True, True), (160, 64, False, False),
+         (32, 96, True, False)]
+
+
+@pytest.mark.parametrize("out,k,doubled,half_scales", CASES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_product_is_within_int8_rounding_of_the_exact_one(out, k, doubled, half_scales, dtype):
+    packed, scale_min, w = operands(out, k, doubled, half_scales)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(1)).to(dtype)
+    y = torch.ops.longspec.int4_mm(x, packed, scale_min)
+    assert y.dtype == dtype and y.shape == (5, out)
+    exact = x.double() @ w.t()
+    # int8 activations: each group's error at most half a step (max |x| / 254) per weight
+    bound = (x.double().abs().amax(1, keepdim=True) / 254) * w.abs().sum(1) + 1e-3
+    rounding = 2 ** -8 if dtype == torch.bfloat16 else 1e-6
+    assert ((y.double() - exact).abs() <= bound + rounding * exact.abs()).all()
+
+
+@pytest.mark.parametrize("out,k,doubled,half_scales", CASES)
+def test_rows_do_not_depend_on_the_row_count_or_the_other_rows(out, k, doubled, half_scales):
+    packed, scale_min, _ = operands(out, k, doubled, half_scales)
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(40, k, generator=g) * torch.rand(40, 1, generator=g) * 4).bfloat16()
+    alone = torch.cat([torch.ops.longspec.int4_mm(x[i:i + 1], packed, scale_min)
+                       for i in range(40)])
+    for rows in (2, 3, 4, 5, 8, 13, 40):
+        assert torch.equal(torch.ops.longspec.int4_mm(x[:rows], packed, scale_min),
+                           alone[:rows]), rows
+    other = x.clone()
+    other[1:] = torch.randn(39, k, generator=g).bfloat16()
+    assert torch.equal(torch.ops.longspec.int4_mm(other, packed, scale_min)[0], alone[0])
+
+
+def test_threads_do_not_change_the_bits():
+    packed, scale_min, _ = operands(256, 128, False, True)
+    x = torch.randn(6, 128, generator=torch.Generator().manual_seed(3)).bfloat16()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.longspec.int4_mm(x, packed, scale_min)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(torch.ops.longspec.int4_mm(x, packed, scale_min), one)
+
+
+def test_the_operator_passes_opcheck():
+    packed, scale_min, _ = operands(64, 128, True, True)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(4)).bfloat16()
+    torch.library.opcheck(torch.ops.longspec.int4_mm.default, (x, packed, scale_min),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+
+
+def test_operands_of_the_wrong_shape_are_refused():
+    packed, scale_min, _ = operands(64, 128, False, True)
+    with pytest.raises(RuntimeError, match="k a multiple of 32"):
+        torch.ops.longspec.int4_mm(torch.zeros(2, 96, dtype=torch.bfloat16), packed, scale_min)
+    with pytest.raises(RuntimeError, match="float16 or float32 scales"):
+        torch.ops.longspec.int4_mm(torch.zeros(2, 128, dtype=torch.bfloat16), packed,
+                                   scale_min.bfloat16())
