@@ -8,7 +8,8 @@ each row says where `ar`'s answer first reached end-of-turn (`first_eos`), after
 model continues with whatever it writes past the end of an answer. With --repeats N every
 method runs N times and its run of median speed is reported, the upper median for even N (so
 the faster of two; this machine's speed drifts by ~10% between runs); `sizing_s` is the time
-each run spent timing steps for adaptive sizing.
+each run spent timing steps for adaptive sizing. `ar` rows also give `weights_gb_s`, the
+weight bandwidth a plain step achieves (every matrix read once per token, as gpt-fast prints it).
 
     python benchmarks/chat_bench.py --model smollm2 --dtype bfloat16 --new-tokens 1024 \\
         --methods ar,auto,suffix,recycling,pld,hf,hf-pld --settings greedy,t07 --out chat.json
@@ -69,6 +70,16 @@ def run_one(model, draft, peers, method: str, prompt_ids: list[int], n: int, sam
             "sizing_s": round(s["sizing_s"], 3), "sources": s.get("sources")}
 
 
+def weight_bytes(net) -> int:
+    """What a plain decoding step reads of the weights: every layer's, the final norm's and the
+    LM head's (the embedding only as a tied head: a lookup reads one row)."""
+    tensors = {}
+    for module in (net.layers, net.lm_head):
+        for t in [*module.parameters(), *module.buffers()]:
+            tensors[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(tensors.values()) + net.norm.numel() * net.norm.element_size()
+
+
 def median_run(runs: list[dict]) -> dict:
     return sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
 
@@ -93,6 +104,8 @@ def main() -> None:
     draft = None if args.draft_model is None else longspec.load_model(args.draft_model,
                                                                      dtype=args.dtype, device="cpu")
     print(model.profile, flush=True)
+    step_bytes = weight_bytes(model.net)
+    print(f"weights read per plain step: {step_bytes / 1e6:.1f} MB", flush=True)
     methods = args.methods.split(",")
     for m in [m for m in methods if m in PEERS]:
         status = peer_status(m, model, SETTINGS["greedy"], 0, False)
@@ -126,6 +139,8 @@ def main() -> None:
                        "first_eos": first_eos,
                        **{key: r[key] for key in ("len", "nodes", "sizing_s", "sources")
                           if key in r}}
+                if m == "ar":
+                    row["weights_gb_s"] = round(step_bytes * r["tok_s"] / 1e9, 2)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     summary = {}
@@ -141,7 +156,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"model": args.model, "draft_model": args.draft_model,
                    "kernel_profile": model.profile.as_dict(), "dtype": str(model.dtype),
-                   "new_tokens": args.new_tokens,
+                   "new_tokens": args.new_tokens, "weight_bytes_per_step": step_bytes,
                    "threads": torch.get_num_threads(), "rows": rows, "summary": summary}, f,
                   indent=1)
 

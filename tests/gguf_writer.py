@@ -99,9 +99,11 @@ def add_tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
     w.add_chat_template(CHAT_TEMPLATE)
 
 
-def write_gguf(hf, path: Path, qtype: str = "F32", *, tokenizer: bool = False,
+def write_gguf(hf, path: Path, qtype: str | dict[str, str] = "F32", *, tokenizer: bool = False,
                seed: int = 0) -> dict[str, torch.Tensor]:
-    """Write `hf` to `path`: norms in F32, matrices in `qtype`. Returns the state dict a reference
+    """Write `hf` to `path`: norms in F32, matrices in `qtype`, or in `qtype[role]` by their GGUF
+    role ("token_embd", "ffn_down", ...; "default" for the rest), as llama.cpp's mixes (Q4_K_M)
+    write them. Returns the state dict a reference
     model must load to compute what the file holds."""
     c = hf.config
     arch = ARCH[c.model_type]
@@ -138,7 +140,9 @@ def write_gguf(hf, path: Path, qtype: str = "F32", *, tokenizer: bool = False,
     for name, t in hf.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
-        kind = qtype if t.ndim == 2 else "F32"
+        role = gguf_name(name).split(".")[-2]
+        kind = "F32" if t.ndim != 2 else (qtype if isinstance(qtype, str)
+                                          else qtype.get(role, qtype["default"]))
         raw, held_values = encode(t.detach().float().numpy(), kind, rng)
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             # rows only move, and each row is quantized on its own: permuting the encoded rows

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+import longspec
+
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "llama-bias": ("LlamaConfig", "LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
@@ -77,3 +79,20 @@ def hf_greedy(hf, ids, n):
     hf.generation_config.pad_token_id = 0
     out = hf.generate(ids[None], max_new_tokens=n, do_sample=False, min_new_tokens=n)
     return out[0, len(ids):].tolist()
+
+
+def assert_matches_ar(model, prompt, method: str, max_new_tokens: int,
+                      options: dict | None = None, **settings):
+    """Generate with `method` (and its `options`) and with plain decoding (`ar`), same seed and
+    settings, EOS ignored; assert the token ids are identical, and return the method's result."""
+    settings = {"ignore_eos": True, **settings}
+    ref = longspec.generate(model, prompt, max_new_tokens=max_new_tokens, method="ar",
+                            **settings)
+    res = longspec.generate(model, prompt, max_new_tokens=max_new_tokens, method=method,
+                            options=options, **settings)
+    assert res.token_ids == ref.token_ids, (
+        f"{method} differs from ar from token "
+        f"{next(i for i, (a, b) in enumerate(zip(res.token_ids, ref.token_ids)) if a != b)}"
+        if len(res.token_ids) == len(ref.token_ids) else
+        f"{method} wrote {len(res.token_ids)} tokens, ar {len(ref.token_ids)}")
+    return res

@@ -72,3 +72,27 @@ def test_draft_model_with_a_shorter_context_is_rejected(model, tmp_path):
     short = longspec.load_model(tmp_path, dtype="float32", device="cpu")
     with pytest.raises(ValueError, match="draft model's context"):
         longspec.generate(model, [1, 2], max_new_tokens=60, method="draft", draft_model=short)
+
+
+def test_two_streams_on_one_model_advanced_in_turn_give_what_each_gives_alone():
+    """A generation's state lives with it, not on the shared model: two streams on one
+    quantized model (the compiled layers), advanced a step each in turn, write exactly what
+    each writes alone."""
+    model = longspec.load_model("demo", quantize="q4", device="cpu")
+    runs = [("def fibonacci(n):\n", {"method": "auto", "seed": 1}),
+            ("import os\nimport sys\n", {"method": "pld", "seed": 2,
+                                         "sampling": longspec.SamplingConfig(temperature=0.7)})]
+    alone = [longspec.generate(model, prompt, max_new_tokens=48, ignore_eos=True,
+                               **kw).token_ids for prompt, kw in runs]
+    streams = [iter(longspec.stream(model, prompt, max_new_tokens=48, ignore_eos=True, **kw))
+               for prompt, kw in runs]
+    written: list[list[int]] = [[], []]
+    live = [0, 1]
+    while live:
+        for i in list(live):
+            chunk = next(streams[i], None)
+            if chunk is None:
+                live.remove(i)
+            else:
+                written[i] += chunk.token_ids
+    assert written == alone

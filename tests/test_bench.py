@@ -9,6 +9,7 @@ from longspec.bench.runner import parse_entry
 from longspec.cli import main
 
 
+@pytest.mark.unit
 def test_distinct_n_hand_computed():
     tokens = [1, 2, 1, 2, 3]
     assert distinct_n(tokens, 1) == 3 / 5
@@ -17,6 +18,7 @@ def test_distinct_n_hand_computed():
     assert distinct_n(tokens, 6) == 0.0
 
 
+@pytest.mark.unit
 def test_roofline_arithmetic():
     # 100 MB of weights, 1 KB of KV per token, 1000 tokens of context, 10 GB/s
     assert decode_bytes(100_000_000, 1000, 1000) == 101_000_000
@@ -45,6 +47,7 @@ def test_bench_writes_results_table_and_plots(tmp_path, capsys):
     assert report["roofline"][0]["roofline_seconds"] > 0
 
 
+@pytest.mark.unit
 def test_entry_options_and_verify_mode():
     entry = parse_entry("draft[max_nodes=5,verify=rejection]", {})
     assert (entry.method == "draft" and entry.verify == "rejection"

@@ -69,6 +69,7 @@ def test_rollback_discards_uncommitted_block(model):
         cache.plan(14, None)
 
 
+@pytest.mark.unit
 def test_draft_tree_mask_positions_and_paths():
     parents = [-1, 0, 0, 1, 1, 2, 3]
     shape = TreeShape(parents, torch.device("cpu"))

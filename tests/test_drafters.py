@@ -11,6 +11,8 @@ from longspec.drafters.ngram import NgramDrafter, NgramTable
 from longspec.drafters.pld import NgramIndex
 from longspec.tree import TreeTemplate, TrieBuilder, template
 
+pytestmark = pytest.mark.unit
+
 CPU = torch.device("cpu")
 
 

@@ -110,6 +110,7 @@ def test_gguf_in_bfloat16_holds_the_float32_weights_rounded(tmp_path):
             assert torch.equal(a, b.bfloat16()), name
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("qtype", sorted(K_QUANTS))
 def test_k_quant_dequantization_matches_transformers_kernels(qtype):
     """gguf-py's numpy dequantization against transformers' independent torch one."""

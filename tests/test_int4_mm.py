@@ -15,11 +15,13 @@ pytestmark = [
 ]
 
 
-def operands(out: int, k: int, doubled: bool, half_scales: bool, seed: int = 0):
-    """(codes, scale_min, W [out, k] float64) of a random int4 matrix."""
+def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, seed: int = 0):
+    """(codes, scale_min, W [out, k] float64) of a random matrix of 4-bit codes (two halves of
+    them when `doubled`) or signed 8-bit ones."""
     g = torch.Generator().manual_seed(seed)
     width = 2 * k if doubled else k
-    codes = torch.randint(0, 16, (out, width), generator=g)
+    codes = (torch.randint(0, 16, (out, width), generator=g) if bits == 4
+             else torch.randint(-128, 128, (out, width), generator=g))
     scales = torch.rand(out, width // 32, generator=g) * 0.02
     mins = -torch.rand(out, width // 32, generator=g) * 0.1
     if half_scales:
@@ -28,19 +30,21 @@ def operands(out: int, k: int, doubled: bool, half_scales: bool, seed: int = 0):
          + mins.double()[..., None]).view(out, width)
     if doubled:
         w = w[:, :k] + w[:, k:]
-    packed, scale_min = pack_int4_mm(codes, scales, mins)
+    packed, scale_min = pack_int4_mm(codes, scales, mins, bits)
     assert scale_min.dtype == (torch.float16 if half_scales else torch.float32)
     return packed, scale_min, w
 
 
-CASES = [(96, 128, False, True), (64, 192, True, True), (160, 64, False, False),
-         (32, 96, True, False)]
+# (out, k, doubled, float16 scales, bits)
+CASES = [(96, 128, False, True, 4), (64, 192, True, True, 4), (160, 64, False, False, 4),
+         (32, 96, True, False, 4), (48, 128, False, True, 8), (64, 192, False, False, 8)]
 
 
-@pytest.mark.parametrize("out,k,doubled,half_scales", CASES)
+@pytest.mark.parametrize("out,k,doubled,half_scales,bits", CASES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_product_is_within_int8_rounding_of_the_exact_one(out, k, doubled, half_scales, dtype):
-    packed, scale_min, w = operands(out, k, doubled, half_scales)
+def test_product_is_within_int8_rounding_of_the_exact_one(out, k, doubled, half_scales, bits,
+                                                          dtype):
+    packed, scale_min, w = operands(out, k, doubled, half_scales, bits)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(1)).to(dtype)
     y = torch.ops.longspec.int4_mm(x, packed, scale_min)
     assert y.dtype == dtype and y.shape == (5, out)
@@ -51,9 +55,10 @@ def test_product_is_within_int8_rounding_of_the_exact_one(out, k, doubled, half_
     assert ((y.double() - exact).abs() <= bound + rounding * exact.abs()).all()
 
 
-@pytest.mark.parametrize("out,k,doubled,half_scales", CASES)
-def test_rows_do_not_depend_on_the_row_count_or_the_other_rows(out, k, doubled, half_scales):
-    packed, scale_min, _ = operands(out, k, doubled, half_scales)
+@pytest.mark.parametrize("out,k,doubled,half_scales,bits", CASES)
+def test_rows_do_not_depend_on_the_row_count_or_the_other_rows(out, k, doubled, half_scales,
+                                                               bits):
+    packed, scale_min, _ = operands(out, k, doubled, half_scales, bits)
     g = torch.Generator().manual_seed(2)
     x = (torch.randn(40, k, generator=g) * torch.rand(40, 1, generator=g) * 4).bfloat16()
     alone = torch.cat([torch.ops.longspec.int4_mm(x[i:i + 1], packed, scale_min)
@@ -79,11 +84,12 @@ def test_threads_do_not_change_the_bits():
 
 
 def test_the_operator_passes_opcheck():
-    packed, scale_min, _ = operands(64, 128, True, True)
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(4)).bfloat16()
-    torch.library.opcheck(torch.ops.longspec.int4_mm.default, (x, packed, scale_min),
-                          test_utils=("test_schema", "test_faketensor",
-                                      "test_autograd_registration"))
+    for bits in (4, 8):
+        packed, scale_min, _ = operands(64, 128, bits == 4, True, bits)
+        torch.library.opcheck(torch.ops.longspec.int4_mm.default, (x, packed, scale_min),
+                              test_utils=("test_schema", "test_faketensor",
+                                          "test_autograd_registration"))
 
 
 def test_operands_of_the_wrong_shape_are_refused():

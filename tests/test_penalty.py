@@ -8,6 +8,8 @@ import torch
 from longspec.penalty import PenaltyWindow
 from longspec.tree import DraftTree, TreeShape
 
+pytestmark = pytest.mark.unit
+
 V = 12
 
 

@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from gguf_writer import K_QUANTS, encode, reference, write_gguf
-from helpers import make_checkpoint, our_logits
+from helpers import assert_matches_ar, make_checkpoint, our_logits
 
 import longspec
 from longspec.models.linear import Int4Linear, joined_halves
@@ -46,6 +46,7 @@ def kernel_weights(blocks: Blocks, dtype: torch.dtype) -> torch.Tensor:
     return KERNEL(x, packed, 32, sz).float().t()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K"])
 def test_kernel_operands_reproduce_gguf_dequantization_exactly(qtype):
     blocks = gguf_matrix(qtype)
@@ -53,6 +54,7 @@ def test_kernel_operands_reproduce_gguf_dequantization_exactly(qtype):
     assert torch.equal(kernel_weights(blocks, torch.float32), gguf_values.reshape(N, K))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K"])
 def test_bfloat16_kernel_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     blocks = gguf_matrix(qtype)
@@ -66,6 +68,7 @@ def test_bfloat16_kernel_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     assert (fast - gguf_values.reshape(N, K)).abs().max() <= bound
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K"])
 def test_int4_layer_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     """The weights Int4Linear multiplies with (AMX's kernel where the CPU has it: exact scales
@@ -79,6 +82,7 @@ def test_int4_layer_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     assert (ours - gguf_values.reshape(N, K)).abs().max() <= bound
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_K"])
 def test_two_halves_join_into_8_bit_codes_of_the_same_values(qtype):
     codes, scales, mins, doubled = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a
@@ -97,6 +101,7 @@ def test_two_halves_join_into_8_bit_codes_of_the_same_values(qtype):
     assert joined_halves(codes, other, mins) is None
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
 def test_rows_of_the_int4_kernel_do_not_depend_on_the_row_count(qtype):
     blocks = gguf_matrix(qtype)
@@ -125,21 +130,34 @@ def test_quantized_gguf_stays_quantized_and_matches_transformers_within_bfloat16
     assert (ours - exact).abs().max() <= 3 * (theirs_bf16 - exact).abs().max()
 
 
-@pytest.mark.parametrize("method", ["auto", "pld", "recycling", "suffix"])
-@pytest.mark.parametrize("temperature", [0, 0.8])
-def test_every_method_matches_ar_on_a_quantized_model(tmp_path_factory, method, temperature):
-    path = tmp_path_factory.getbasetemp() / "q4model"
-    if not (path / "m.gguf").exists():
-        hf = make_checkpoint(path / "hf", "llama", hidden=128, intermediate=256, vocab=320)
-        write_gguf(hf, path / "m.gguf", "Q4_1")
+# llama.cpp's Q4_K_M mix on a model shaped as SmolLM2 is: heads of 64 in groups of 3 (GQA), the
+# embedding tied to the head in Q8_0, Q6_K beside Q4_K
+MIX = {"default": "Q4_K", "ffn_down": "Q6_K", "attn_v": "Q6_K", "token_embd": "Q8_0"}
+S = longspec.SamplingConfig
+SETTINGS = {"greedy": S(temperature=0), "greedy_penalty": S(temperature=0, penalty=1.2),
+            "sampled": S(temperature=0.8), "sampled_penalty": S(temperature=1.0, min_p=0.1,
+                                                                penalty=1.2, penalty_window=32)}
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("q4_k_m")
+    hf = make_checkpoint(path / "hf", "llama", hidden=768, intermediate=512, heads=12,
+                         kv_heads=4, vocab=320, tied=True, max_positions=256)
+    write_gguf(hf, path / "m.gguf", MIX)
     model = longspec.load_model(path / "m.gguf", device="cpu")
-    sampling = longspec.SamplingConfig(temperature=temperature)
-    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 9]
-    ref = longspec.generate(model, prompt, max_new_tokens=48, method="ar", sampling=sampling,
-                            ignore_eos=True, seed=2)
-    res = longspec.generate(model, prompt, max_new_tokens=48, method=method, sampling=sampling,
-                            ignore_eos=True, seed=2, options={"sizing": "fixed"})
-    assert res.token_ids == ref.token_ids and res.stats["weights"] == "int4"
+    assert model.weight_format == "int4" and model.config.tie_word_embeddings
+    return model
+
+
+@pytest.mark.parametrize("method", ["auto", "pld", "recycling", "suffix"])
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_every_method_matches_ar_on_a_quantized_gguf(mixed_gguf, method, setting):
+    """The equality matrix on the path users run: a GGUF kept quantized (Q4_K with Q6_K and a
+    tied Q8_0 head), through the compiled layers where a compiler is."""
+    res = assert_matches_ar(mixed_gguf, [5, 6, 7, 8, 5, 6, 7, 8, 9], method, 48,
+                            sampling=SETTINGS[setting], seed=2, options={"sizing": "fixed"})
+    assert res.stats["weights"] == "int4"
 
 
 @pytest.mark.parametrize("kind", ["q4", "q8"])

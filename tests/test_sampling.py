@@ -8,6 +8,8 @@ import torch
 from longspec.noise import PositionNoise, gumbel_at, gumbel_rows, noise_key
 from longspec.sampling import SamplingConfig, process_logits
 
+pytestmark = pytest.mark.unit
+
 NEG = float("-inf")
 
 

@@ -223,17 +223,20 @@ def test_a_dropped_non_streaming_request_is_cancelled(server):
 
 
 def test_metrics_count_requests_tokens_and_drafts(server, client):
-    client.completions.create(model="demo-chat", prompt="import sys\n", max_tokens=20,
-                              extra_body={"method": "pld", "ignore_eos": True})
+    names = ['longspec_requests_total{endpoint="/v1/completions",status="200"}',
+             'longspec_requests_total{endpoint="/v1/completions",status="400"}',
+             "longspec_generation_tokens_total", "longspec_spec_decode_num_draft_tokens_total",
+             "longspec_spec_decode_num_accepted_tokens_total",
+             'longspec_request_latency_seconds_count{endpoint="/v1/completions"}']
+    before = [server.metric(name) for name in names]
+    res = client.completions.create(model="demo-chat", prompt="import sys\n", max_tokens=20,
+                                    extra_body={"method": "pld", "ignore_eos": True})
     server.request("POST", "/v1/completions", {**GOOD, "top_p": 7})
-    m = server.metric
-    assert m('longspec_requests_total{endpoint="/v1/completions",status="200"}') >= 1
-    assert m('longspec_requests_total{endpoint="/v1/completions",status="400"}') >= 1
-    assert m("longspec_generation_tokens_total") >= 20
-    assert m("longspec_spec_decode_num_draft_tokens_total") > 0
-    assert m("longspec_spec_decode_num_accepted_tokens_total") >= 0
-    assert m('longspec_request_latency_seconds_count{endpoint="/v1/completions"}') >= 2
-    assert m("longspec_queue_length") == 0
+    spec = res.model_extra["speculative"]
+    assert spec["num_draft_tokens"] > 0
+    assert [server.metric(name) - b for name, b in zip(names, before)] == [
+        1, 1, 20, spec["num_draft_tokens"], spec["num_accepted_tokens"], 2]
+    assert server.metric("longspec_queue_length") == 0
 
 
 def test_load_test_script_checks_responses(server, monkeypatch, capsys):

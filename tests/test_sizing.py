@@ -9,6 +9,8 @@ import torch
 from longspec.sizing import Calibration, Sizer, StepCost
 from longspec.tree import DraftTree
 
+pytestmark = pytest.mark.unit
+
 CPU = torch.device("cpu")
 
 

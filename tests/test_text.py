@@ -6,6 +6,8 @@ from transformers import AutoTokenizer
 import longspec
 from longspec.text import Detokenizer
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def tokenizer():

@@ -1,5 +1,6 @@
 """Verification on hand-built tries, and commit's cut at a stop token."""
 
+import pytest
 import torch
 from helpers import make_checkpoint
 
@@ -15,6 +16,7 @@ def tree(parents, tokens):
     return DraftTree(TreeShape(parents, CPU), torch.tensor(tokens))
 
 
+@pytest.mark.unit
 def test_perfect_match_accepts_the_whole_chain_and_adds_the_bonus():
     t = tree([-1, 0, 1, 2], [5, 6, 7, 8])
     verdict = verify_tree(t, torch.tensor([6, 7, 8, 9]))
@@ -22,18 +24,21 @@ def test_perfect_match_accepts_the_whole_chain_and_adds_the_bonus():
     assert verdict.tokens == [6, 7, 8, 9] and verdict.bonus_token == 9
 
 
+@pytest.mark.unit
 def test_early_mismatch_stops_at_the_first_wrong_draft():
     t = tree([-1, 0, 1, 2], [5, 6, 7, 8])
     verdict = verify_tree(t, torch.tensor([6, 4, 8, 9]))      # the target wants 4 after 6
     assert verdict.accepted == [0, 1] and verdict.tokens == [6, 4] and verdict.bonus_token == 4
 
 
+@pytest.mark.unit
 def test_first_draft_wrong_gives_the_target_token_alone():
     t = tree([-1, 0, 1], [5, 6, 7])
     verdict = verify_tree(t, torch.tensor([3, 7, 1]))
     assert verdict.accepted == [0] and verdict.accept_length == 0 and verdict.tokens == [3]
 
 
+@pytest.mark.unit
 def test_sibling_branch_is_chosen_when_it_matches():
     # root 5 -> {6 (node 1) -> 7 (node 3), 8 (node 2) -> 9 (node 4) -> 10 (node 5)}
     t = tree([-1, 0, 0, 1, 2, 4], [5, 6, 8, 7, 9, 10])
@@ -43,6 +48,7 @@ def test_sibling_branch_is_chosen_when_it_matches():
     assert verdict.accepted == [0, 2, 4] and verdict.tokens == [8, 9, 11]
 
 
+@pytest.mark.unit
 def test_a_lone_root_is_one_plain_decoding_step():
     verdict = verify_tree(tree([-1], [5]), torch.tensor([42]))
     assert verdict.accepted == [0] and verdict.tokens == [42]
@@ -95,6 +101,7 @@ class FixedSampler:
         return (logp - torch.log(-torch.log(u))).argmax(dim=-1)
 
 
+@pytest.mark.unit
 def test_rejection_accepts_with_p_over_q_and_resamples_from_the_residual():
     p = torch.tensor([[0.2, 0.8, 0.0], [0.3, 0.3, 0.4]])      # after the root, after the draft
     q = torch.tensor([[1.0, 0.0, 0.0]])                         # the draft is token 0 for sure

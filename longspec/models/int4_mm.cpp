@@ -12,8 +12,10 @@
 // AVX2's whatever the build allows, so AVX2 and AVX-512 builds give the same bits.
 //
 // Operands (linear.py's pack_int4_mm): codes uint8 [n, k' / 2], each 64 weights of a row as 32
-// bytes, weight j in byte j's low nibble and weight 32 + j in its high one; scale_min
-// [n, k' / 32, 2], each group's scale and min, float16 or float32. Checked against the float64 product in tests/test_int4_mm.py.
+// bytes, weight j in byte j's low nibble and weight 32 + j in its high one, or signed 8-bit
+// codes int8 [n, k] (formats of two 4-bit halves, joined: Q8_0, Q5_0, Q5_K); scale_min
+// [n, k' / 32, 2], each group's scale and min, float16 or float32. Checked against the
+// float64 product in tests/test_int4_mm.py.
 
 #include <torch/extension.h>
 
@@ -73,18 +75,27 @@ inline float lanes_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// One group's integer dot product as 8 float lanes: 32 codes 0..15 times 32 int8 activations.
+// One group's integer dot product as 8 float lanes: 32 codes (0..15, or signed 8-bit ones)
+// times 32 int8 activations. Signed codes go in as |code| and the activations take their signs
+// (|code| <= 128 and |qx| <= 127 keep maddubs' pair sums from saturating).
+template <int BITS>
 inline __m256 group_dot(__m256i codes, const int8_t* qx) {
-  const __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i*)qx));
+  __m256i x = _mm256_loadu_si256((const __m256i*)qx);
+  if constexpr (BITS == 8) {
+    x = _mm256_sign_epi8(x, codes);
+    codes = _mm256_abs_epi8(codes);
+  }
+  const __m256i pairs = _mm256_maddubs_epi16(codes, x);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
 // Rows [r0, r0 + R) of column `col`.
-template <int R, typename S, typename Y>
+template <int R, int BITS, typename S, typename Y>
 void column(const uint8_t* codes, const S* scale_min, const Quantized& q, int64_t r0, int64_t k,
             int64_t groups, int64_t col, int64_t n, Y* y) {
   const int64_t x_groups = k / GROUP;
   const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256i a, b;
   __m256 even[R], odd[R];
   for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
   const int8_t* qx[R];
@@ -94,16 +105,21 @@ void column(const uint8_t* codes, const S* scale_min, const Quantized& q, int64_
     step[r] = q.step.data() + (r0 + r) * x_groups;
   }
   for (int64_t g = 0; g < groups; g += 2) {
-    const __m256i bytes = _mm256_loadu_si256((const __m256i*)(codes + g * GROUP / 2));
-    const __m256i a = _mm256_and_si256(bytes, low);
-    const __m256i b = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+    if constexpr (BITS == 4) {
+      const __m256i bytes = _mm256_loadu_si256((const __m256i*)(codes + g * GROUP / 2));
+      a = _mm256_and_si256(bytes, low);
+      b = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+    } else {
+      a = _mm256_loadu_si256((const __m256i*)(codes + g * GROUP));
+      b = _mm256_loadu_si256((const __m256i*)(codes + (g + 1) * GROUP));
+    }
     const float sa = to_float(scale_min[2 * g]), sb = to_float(scale_min[2 * g + 2]);
     const int64_t ga = g < x_groups ? g : g - x_groups;   // doubled: the second half's x
     const int64_t gb = g + 1 < x_groups ? g + 1 : g + 1 - x_groups;
     for (int r = 0; r < R; ++r) {
-      even[r] = _mm256_fmadd_ps(group_dot(a, qx[r] + ga * GROUP),
+      even[r] = _mm256_fmadd_ps(group_dot<BITS>(a, qx[r] + ga * GROUP),
                                 _mm256_set1_ps(sa * step[r][ga]), even[r]);
-      odd[r] = _mm256_fmadd_ps(group_dot(b, qx[r] + gb * GROUP),
+      odd[r] = _mm256_fmadd_ps(group_dot<BITS>(b, qx[r] + gb * GROUP),
                                _mm256_set1_ps(sb * step[r][gb]), odd[r]);
     }
   }
@@ -116,23 +132,23 @@ void column(const uint8_t* codes, const S* scale_min, const Quantized& q, int64_
   }
 }
 
-template <typename S, typename Y>
+template <int BITS, typename S, typename Y>
 void product(const Quantized& q, int64_t rows, int64_t k, const Tensor& codes,
              const Tensor& scale_min, Y* y) {
   const int64_t n = codes.size(0), groups = scale_min.size(1);
-  const uint8_t* c = codes.const_data_ptr<uint8_t>();
+  const uint8_t* c = static_cast<const uint8_t*>(codes.const_data_ptr());
   const S* s = scale_min.const_data_ptr<S>();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t col = begin; col < end; ++col) {
-      const uint8_t* cc = c + col * groups * GROUP / 2;
+      const uint8_t* cc = c + col * groups * GROUP * BITS / 8;
       const S* sc = s + col * groups * 2;
       int64_t r0 = 0;
       for (; r0 + ROW_BLOCK <= rows; r0 += ROW_BLOCK)
-        column<ROW_BLOCK>(cc, sc, q, r0, k, groups, col, n, y);
+        column<ROW_BLOCK, BITS>(cc, sc, q, r0, k, groups, col, n, y);
       switch (rows - r0) {
-        case 3: column<3>(cc, sc, q, r0, k, groups, col, n, y); break;
-        case 2: column<2>(cc, sc, q, r0, k, groups, col, n, y); break;
-        case 1: column<1>(cc, sc, q, r0, k, groups, col, n, y); break;
+        case 3: column<3, BITS>(cc, sc, q, r0, k, groups, col, n, y); break;
+        case 2: column<2, BITS>(cc, sc, q, r0, k, groups, col, n, y); break;
+        case 1: column<1, BITS>(cc, sc, q, r0, k, groups, col, n, y); break;
         default: break;
       }
     }
@@ -143,25 +159,33 @@ template <typename X>
 void product_to(const Tensor& x, const Tensor& codes, const Tensor& scale_min, Tensor& y) {
   const int64_t rows = x.size(0), k = x.size(1);
   const Quantized q = quantize(x.const_data_ptr<X>(), rows, k);
-  if (scale_min.scalar_type() == at::kHalf)
-    product<at::Half>(q, rows, k, codes, scale_min, y.mutable_data_ptr<X>());
+  X* out = y.mutable_data_ptr<X>();
+  const bool half = scale_min.scalar_type() == at::kHalf;
+  if (codes.scalar_type() == at::kChar)
+    half ? product<8, at::Half>(q, rows, k, codes, scale_min, out)
+         : product<8, float>(q, rows, k, codes, scale_min, out);
   else
-    product<float>(q, rows, k, codes, scale_min, y.mutable_data_ptr<X>());
+    half ? product<4, at::Half>(q, rows, k, codes, scale_min, out)
+         : product<4, float>(q, rows, k, codes, scale_min, out);
 }
 
 Tensor int4_mm(const Tensor& x_, const Tensor& codes, const Tensor& scale_min) {
   const Tensor x = x_.contiguous();
   TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scale_min.dim() == 3 &&
                   scale_min.size(0) == codes.size(0) && scale_min.size(2) == 2,
-              "int4_mm: x [m, k], codes [n, k' / 2] and scale_min [n, k' / 32, 2] expected");
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+              "int4_mm: x [m, k], codes [n, k' / 2] (or [n, k] 8-bit) and scale_min "
+              "[n, k' / 32, 2] expected");
+  const bool wide = codes.scalar_type() == at::kChar;
+  TORCH_CHECK((wide || codes.scalar_type() == at::kByte) && codes.is_contiguous() &&
                   scale_min.is_contiguous() &&
                   (scale_min.scalar_type() == at::kHalf || scale_min.scalar_type() == at::kFloat),
-              "int4_mm: contiguous uint8 codes and float16 or float32 scales and mins expected");
+              "int4_mm: contiguous uint8 (4-bit) or int8 codes and float16 or float32 scales "
+              "and mins expected");
   const int64_t k = x.size(1), groups = scale_min.size(1);
-  TORCH_CHECK(k % GROUP == 0 && groups % 2 == 0 && codes.size(1) * 2 == groups * GROUP &&
-                  (groups * GROUP == k || groups * GROUP == 2 * k),
-              "int4_mm: k a multiple of 32 and k' (k or 2k) of 64 expected");
+  TORCH_CHECK(k % GROUP == 0 && groups % 2 == 0 &&
+                  codes.size(1) * (wide ? 1 : 2) == groups * GROUP &&
+                  (groups * GROUP == k || (!wide && groups * GROUP == 2 * k)),
+              "int4_mm: k a multiple of 32 and k' (k, or 2k for 4-bit codes) of 64 expected");
   Tensor y = at::empty({x.size(0), codes.size(0)}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
     product_to<at::BFloat16>(x, codes, scale_min, y);

@@ -116,15 +116,18 @@ def pack_amx(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits
     return packed.contiguous(), per_tile.contiguous()
 
 
-def pack_int4_mm(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+def pack_int4_mm(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int = 4
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Operands of longspec::int4_mm (int4_mm.cpp): 4-bit codes [out, K'] -> uint8 [out, K' / 2]
-    (of each 64 codes, code j in byte j's low nibble and code 32 + j in its high one); scales and
-    mins -> [out, K' / 32, 2] in float16 where every one of them is a float16 value, else
-    float32."""
+    (of each 64 codes, code j in byte j's low nibble and code 32 + j in its high one), signed
+    8-bit ones -> int8 [out, K']; scales and mins -> [out, K' / 32, 2] in float16 where every one
+    of them is a float16 value, else float32."""
     out, k = codes.shape
-    pairs = codes.to(torch.uint8).view(out, k // 64, 2, 32)
-    packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out, k // 2)
+    if bits == 8:
+        packed = codes.to(torch.int8)
+    else:
+        pairs = codes.to(torch.uint8).view(out, k // 64, 2, 32)
+        packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out, k // 2)
     scale_min = torch.stack([scales.float(), mins.float()], -1)
     if torch.equal(scale_min.half().float(), scale_min):
         scale_min = scale_min.half()
@@ -141,9 +144,10 @@ class Int4Linear(nn.Module):
     up to 16 rows (a 16-row product costs ~1.3x a 1-row one); two halves whose scales allow it
     run as one matrix of 8-bit codes (Q8_0, Q5_0, Q5_K). On other CPUs with AVX2 it is
     longspec::int4_mm: the activations quantized to int8 per 32 as llama.cpp does, integer dot
-    products per group, scales and mins exact (1.7-1.9x ATen's speed for one row, ~1.1x for 16;
-    BENCHMARKS.md). Without the compiled kernels it is ATen's int4 kernel, W = (q - 8) * scale
-    + zero with the scale and zero in bfloat16. All three are row-invariant."""
+    products per group, scales and mins exact, two halves joined into 8-bit codes where they can
+    be (1.5-1.8x ATen's speed for one row, 0.8-1.2x for 16; BENCHMARKS.md). Without the
+    compiled kernels it is ATen's int4 kernel, W = (q - 8) * scale + zero with the scale and
+    zero in bfloat16. All three are row-invariant."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                  doubled: bool, bias: torch.Tensor | None = None, group: int = 32):
@@ -155,10 +159,13 @@ class Int4Linear(nn.Module):
         self.amx = amx_int4() if group == 32 else None
         # longspec::int4_mm takes groups of 32 in pairs
         self.int4_mm = group == 32 and codes.shape[1] % 64 == 0 and int4_mm()
-        joined = joined_halves(codes, scales, mins) if self.amx is not None and doubled else None
+        # int4_mm's 8-bit codes also come in pairs of groups
+        join = self.amx is not None or (self.int4_mm and codes.shape[1] % 128 == 0)
+        joined = joined_halves(codes, scales, mins) if join and doubled else None
         if joined is not None:      # one 8-bit group where there were two 4-bit ones
             self.doubled = False
-            packed, scale_zero = pack_amx(*joined, bits=8)
+            pack = pack_amx if self.amx is not None else pack_int4_mm
+            packed, scale_zero = pack(*joined, bits=8)
         elif self.amx is not None:
             packed, scale_zero = pack_amx(codes, scales, mins, bits=4)
         elif self.int4_mm:
