@@ -161,8 +161,10 @@ def test_real_smollm2_has_chat_template_and_stops_at_end_of_turn():
             model.config.num_kv_heads) == (30, 9, 3)
     assert tok.convert_ids_to_tokens(2) == "<|im_end|>" and 2 in model.eos_token_ids
     assert "<|im_start|>" in tok.chat_template
-    prompt = tok.apply_chat_template([{"role": "user",
-                                       "content": "What is the capital of France?"}],
+    # a question whose greedy answer every int4 kernel gives (to "What is the capital of
+    # France?" alone, int8 activations answer as llama.cpp does, "L'Etoile, ...")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of "
+                                       "France? Answer in one sentence."}],
                                      add_generation_prompt=True, tokenize=True, return_dict=True)
     res = longspec.generate(model, list(prompt["input_ids"]), max_new_tokens=12,
                             sampling=longspec.SamplingConfig(temperature=0))
