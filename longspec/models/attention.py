@@ -106,14 +106,14 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         out = torch.bmm(chunks.reshape(kv_heads * shared, bucket, CHUNK), vals)
         parts.append(out.view(kv_heads, shared, bucket, d)[:, :, :rows].float())
     if order is not None:
-        parts.append(_tree_tail(p, values, rows, group, q_len, shared, padded, start, order,
-                                fp32))
+        parts.append(_tree_tail(p, values, order, rows=rows, group=group, q_len=q_len,
+                                shared=shared, padded=padded, start=start, fp32=fp32))
     partials = parts[0] if len(parts) == 1 else torch.cat(parts, 1)          # [kv, chunks, ...]
     out = pairwise_sum(partials.transpose(0, 1)).to(q.dtype)                   # [kv, rows, d]
     return out.view(kv_heads, group, q_len, d).permute(2, 0, 1, 3).reshape(q_len, heads * d)
 
 
-def _tree_tail(p, values, rows, group, q_len, shared, padded, start, order, fp32):
+def _tree_tail(p, values, order, *, rows, group, q_len, shared, padded, start, fp32):
     """Partials [kv, chunks, rows, d] of the chunks past the shared ones, each token's own:
     its probabilities [group, tail] against the values of its logical layout [tail, d], where
     the block's slots hold its ancestors first (`order`)."""

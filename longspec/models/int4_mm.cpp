@@ -39,14 +39,23 @@ inline float to_float(at::Half v) { return _cvtsh_ss(v.x); }
 
 // Row r's activations as int8 codes qx [k] and, per group, its step d and d * sum(qx).
 struct Quantized {
+  int64_t k;
   std::vector<int8_t> codes;
   std::vector<float> step, sum;
+};
+
+// A matrix's operands: BITS-bit codes and [n, groups, 2] scales and mins.
+template <typename S>
+struct Weights {
+  const uint8_t* codes;
+  const S* scale_min;
+  int64_t n, groups;
 };
 
 template <typename T>
 Quantized quantize(const T* x, int64_t rows, int64_t k) {
   const int64_t groups = k / GROUP;
-  Quantized q{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups),
+  Quantized q{k, std::vector<int8_t>(rows * k), std::vector<float>(rows * groups),
               std::vector<float>(rows * groups)};
   at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -91,9 +100,10 @@ inline __m256 group_dot(__m256i codes, const int8_t* qx) {
 
 // Rows [r0, r0 + R) of column `col`.
 template <int R, int BITS, typename S, typename Y>
-void column(const uint8_t* codes, const S* scale_min, const Quantized& q, int64_t r0, int64_t k,
-            int64_t groups, int64_t col, int64_t n, Y* y) {
-  const int64_t x_groups = k / GROUP;
+void column(const Weights<S>& w, const Quantized& q, int64_t col, int64_t r0, Y* y) {
+  const int64_t k = q.k, x_groups = k / GROUP, groups = w.groups;
+  const uint8_t* codes = w.codes + col * groups * GROUP * BITS / 8;
+  const S* scale_min = w.scale_min + col * groups * 2;
   const __m256i low = _mm256_set1_epi8(0x0F);
   __m256i a, b;
   __m256 even[R], odd[R];
@@ -128,27 +138,24 @@ void column(const uint8_t* codes, const S* scale_min, const Quantized& q, int64_
     float offset = 0;
     for (int64_t g = 0; g < groups; ++g)
       offset += to_float(scale_min[2 * g + 1]) * q.sum[row + (g < x_groups ? g : g - x_groups)];
-    y[(r0 + r) * n + col] = static_cast<Y>(lanes_sum(_mm256_add_ps(even[r], odd[r])) + offset);
+    y[(r0 + r) * w.n + col] = static_cast<Y>(lanes_sum(_mm256_add_ps(even[r], odd[r])) + offset);
   }
 }
 
 template <int BITS, typename S, typename Y>
-void product(const Quantized& q, int64_t rows, int64_t k, const Tensor& codes,
-             const Tensor& scale_min, Y* y) {
-  const int64_t n = codes.size(0), groups = scale_min.size(1);
-  const uint8_t* c = static_cast<const uint8_t*>(codes.const_data_ptr());
-  const S* s = scale_min.const_data_ptr<S>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor& scale_min,
+             Y* y) {
+  const Weights<S> w{static_cast<const uint8_t*>(codes.const_data_ptr()),
+                     scale_min.const_data_ptr<S>(), codes.size(0), scale_min.size(1)};
+  at::parallel_for(0, w.n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t col = begin; col < end; ++col) {
-      const uint8_t* cc = c + col * groups * GROUP * BITS / 8;
-      const S* sc = s + col * groups * 2;
       int64_t r0 = 0;
       for (; r0 + ROW_BLOCK <= rows; r0 += ROW_BLOCK)
-        column<ROW_BLOCK, BITS>(cc, sc, q, r0, k, groups, col, n, y);
+        column<ROW_BLOCK, BITS>(w, q, col, r0, y);
       switch (rows - r0) {
-        case 3: column<3, BITS>(cc, sc, q, r0, k, groups, col, n, y); break;
-        case 2: column<2, BITS>(cc, sc, q, r0, k, groups, col, n, y); break;
-        case 1: column<1, BITS>(cc, sc, q, r0, k, groups, col, n, y); break;
+        case 3: column<3, BITS>(w, q, col, r0, y); break;
+        case 2: column<2, BITS>(w, q, col, r0, y); break;
+        case 1: column<1, BITS>(w, q, col, r0, y); break;
         default: break;
       }
     }
@@ -162,11 +169,11 @@ void product_to(const Tensor& x, const Tensor& codes, const Tensor& scale_min, T
   X* out = y.mutable_data_ptr<X>();
   const bool half = scale_min.scalar_type() == at::kHalf;
   if (codes.scalar_type() == at::kChar)
-    half ? product<8, at::Half>(q, rows, k, codes, scale_min, out)
-         : product<8, float>(q, rows, k, codes, scale_min, out);
+    half ? product<8, at::Half>(q, rows, codes, scale_min, out)
+         : product<8, float>(q, rows, codes, scale_min, out);
   else
-    half ? product<4, at::Half>(q, rows, k, codes, scale_min, out)
-         : product<4, float>(q, rows, k, codes, scale_min, out);
+    half ? product<4, at::Half>(q, rows, codes, scale_min, out)
+         : product<4, float>(q, rows, codes, scale_min, out);
 }
 
 Tensor int4_mm(const Tensor& x_, const Tensor& codes, const Tensor& scale_min) {
