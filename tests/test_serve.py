@@ -229,7 +229,8 @@ def test_metrics_count_requests_tokens_and_drafts(server, client):
              "longspec_spec_decode_num_accepted_tokens_total",
              'longspec_request_latency_seconds_count{endpoint="/v1/completions"}']
     before = [server.metric(name) for name in names]
-    res = client.completions.create(model="demo-chat", prompt="import sys\n", max_tokens=20,
+    res = client.completions.create(model="demo-chat", prompt="import os\nimport sys\n" * 4,
+                                    max_tokens=20,
                                     extra_body={"method": "pld", "ignore_eos": True})
     server.request("POST", "/v1/completions", {**GOOD, "top_p": 7})
     spec = res.model_extra["speculative"]

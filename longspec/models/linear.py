@@ -145,7 +145,7 @@ class Int4Linear(nn.Module):
     run as one matrix of 8-bit codes (Q8_0, Q5_0, Q5_K). On other CPUs with AVX2 it is
     longspec::int4_mm: the activations quantized to int8 per 32 as llama.cpp does, integer dot
     products per group, scales and mins exact, two halves joined into 8-bit codes where they can
-    be (1.5-1.8x ATen's speed for one row, 0.8-1.2x for 16; BENCHMARKS.md). Without the
+    be (1.4-1.7x ATen's speed for one row, about the same for 4-16; BENCHMARKS.md). Without the
     compiled kernels it is ATen's int4 kernel, W = (q - 8) * scale + zero with the scale and
     zero in bfloat16. All three are row-invariant."""
 
