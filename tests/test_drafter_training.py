@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import make_checkpoint
+from helpers import assert_matches_ar, make_checkpoint
 
 import longspec
 from longspec.cli import main
@@ -155,12 +155,8 @@ def test_eagle_with_a_draft_vocabulary_learns_guesses_only_frequent_tokens_and_i
     assert set(vocab) <= set(text.encode()) and {ord(" "), ord("o"), ord("e")} <= set(vocab)
     prompt = list(text[:40].encode())
     sampling = longspec.SamplingConfig(temperature=0)
-    ar = longspec.generate(tiny_model, prompt, max_new_tokens=40, method="ar",
-                           sampling=sampling, ignore_eos=True)
-    res = longspec.generate(tiny_model, prompt, max_new_tokens=40, method="eagle",
-                            heads=tmp_path, sampling=sampling, ignore_eos=True,
-                            options={"sizing": "fixed"})
-    assert res.token_ids == ar.token_ids
+    res = assert_matches_ar(tiny_model, prompt, "eagle", 40, options={"sizing": "fixed"},
+                            heads=tmp_path, sampling=sampling)
     assert res.stats["accepted_draft_tokens"] > 0
 
 
