@@ -1,7 +1,7 @@
 """native.cpp and int4_mm.cpp, compiled on first use against the installed PyTorch
 (torch.utils.cpp_extension; ~40 s once, then cached in PyTorch's extensions directory, one build
-per CPU instruction set). int4_mm.cpp registers the operator longspec::int4_mm (torch.library;
-its fake implementation is here).
+per CPU instruction set). int4_mm.cpp registers the operator longspec::int4_mm with PyTorch's
+dispatcher (a CPU kernel and a meta one for its output's shape).
 Without a C++ compiler, or with LONGSPEC_NATIVE=0 in the environment, nothing is compiled: the
 layers run in Python and int4 products on ATen's kernel. Either is another kernel profile
 (profile.py): other bits, so other tokens sooner or later, and recorded as such."""
@@ -66,7 +66,7 @@ def extension() -> ModuleType | None:
         print("longspec: compiling the kernels for quantized models (once, ~40 s)",
               file=sys.stderr, flush=True)
     try:
-        module = cpp_extension.load(
+        return cpp_extension.load(
             name, [str(Path(__file__).with_name(f)) for f in ("native.cpp", "int4_mm.cpp")],
             extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *flags],
             extra_ldflags=["-fopenmp"])
@@ -77,20 +77,11 @@ def extension() -> ModuleType | None:
                       "to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
                       stacklevel=2)
         return None
-    if int4_mm_built():
-        torch.library.register_fake("longspec::int4_mm")(_int4_mm_shape)
-    return module
 
 
 def int4_mm_built() -> bool:
     """Whether the loaded build defines longspec::int4_mm (builds for AVX2 and up do)."""
     return hasattr(torch.ops.longspec, "int4_mm")
-
-
-def _int4_mm_shape(x: torch.Tensor, codes: torch.Tensor, scale_min: torch.Tensor
-                   ) -> torch.Tensor:
-    """int4_mm's output without computing it: [rows, n] in the activations' dtype."""
-    return x.new_empty(x.shape[0], codes.shape[0])
 
 
 @functools.cache

@@ -209,5 +209,11 @@ TORCH_LIBRARY(longspec, m) {
   m.def("int4_mm(Tensor x, Tensor codes, Tensor scale_min) -> Tensor");
 }
 
+// The output's shape and dtype without computing it (meta and fake tensors: tracing, checks).
+Tensor int4_mm_shape(const Tensor& x, const Tensor& codes, const Tensor&) {
+  return at::empty_symint({x.sym_size(0), codes.sym_size(0)}, x.options());
+}
+
 TORCH_LIBRARY_IMPL(longspec, CPU, m) { m.impl("int4_mm", &int4_mm); }
+TORCH_LIBRARY_IMPL(longspec, Meta, m) { m.impl("int4_mm", &int4_mm_shape); }
 #endif
