@@ -185,15 +185,15 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Activations of any float dtype: the kernels are fast with bfloat16 ones (float32
         ones go through ATen's scalar loop ~270x slower), so they enter as bfloat16; the
-        output comes in x's dtype."""
-        xin = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+        output comes in x's dtype. int4_mm rounds float32 ones to int8 as they are."""
+        direct = self.int4_mm and x.dtype == torch.float32
+        xin = x if x.dtype == torch.bfloat16 or direct else x.to(torch.bfloat16)
         if self.amx is not None:
             # float32 activations get float32 outputs (the tiles' sums unrounded)
             y = self.amx.int4_amx(xin, self.packed, self.scale_zero, self.doubled,
                                   x.dtype == torch.float32)
         elif self.int4_mm:
-            y = torch.ops.longspec.int4_mm(x if x.dtype == torch.float32 else xin, self.packed,
-                                           self.scale_zero)
+            y = torch.ops.longspec.int4_mm(xin, self.packed, self.scale_zero)
         else:
             if self.doubled:
                 xin = torch.cat([xin, xin], -1)
