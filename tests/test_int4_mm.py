@@ -1,6 +1,9 @@
-"""longspec::int4_mm (models/int4_mm.cpp), the int4 product of CPUs with AVX2: a registered
-operator whose rows do not depend on how many there are, within int8 activation rounding of the
-exact product, for 4-bit matrices and doubled ones (two halves), float16 and float32 scales."""
+"""longspec::int4_mm (models/int4_mm.cpp), the int4 product of CPUs with AVX2 or AVX-512: a
+registered operator whose rows do not depend on how many there are, within int8 activation
+rounding of the exact product, for 4-bit matrices and doubled ones (two halves), float16 and
+float32 scales, with the same bits on every CPU it builds for."""
+
+import hashlib
 
 import pytest
 import torch
@@ -96,6 +99,37 @@ def test_operands_of_the_wrong_shape_are_refused():
     packed, scale_min, _ = operands(64, 128, False, True)
     with pytest.raises(RuntimeError, match="k a multiple of 32"):
         torch.ops.longspec.int4_mm(torch.zeros(2, 96, dtype=torch.bfloat16), packed, scale_min)
+    with pytest.raises(RuntimeError, match="n a multiple of 16"):
+        torch.ops.longspec.int4_mm(torch.zeros(2, 128, dtype=torch.bfloat16), packed[:40],
+                                   scale_min[:40])
     with pytest.raises(RuntimeError, match="float16 or float32 scales"):
         torch.ops.longspec.int4_mm(torch.zeros(2, 128, dtype=torch.bfloat16), packed,
                                    scale_min.bfloat16())
+
+
+# sha256 (first 16 hex digits) of the float32 outputs of each case below, on a CPU with AVX-512
+# VNNI; every build (AVX2 ones, and under every kernel profile CI emulates) must give these bits
+GOLDEN = {(4, True, False, torch.float32): "b779cd4908932994",
+          (4, True, False, torch.bfloat16): "8c2c452eca8579ec",
+          (4, False, True, torch.float32): "db22f7b1d5155eb0",
+          (8, True, False, torch.float32): "fed3506d3f46913d",
+          (8, False, False, torch.bfloat16): "66283bfd61bd0d9a"}
+
+
+@pytest.mark.parametrize("bits,half_scales,doubled,dtype", list(GOLDEN))
+def test_the_bits_are_the_same_on_every_cpu(bits, half_scales, doubled, dtype):
+    """Operands made by integer arithmetic (no random generator, whose vector paths differ
+    between CPUs), 7 rows (a block of 4 and one of 3), a tile of 16 outputs and one over."""
+    out, k = 32, 96
+    width = 2 * k if doubled else k
+    i = torch.arange(out * width).view(out, width)
+    codes = (i * 7 + i // width * 3) % 16 if bits == 4 else (i * 37 + i // width * 11) % 256 - 128
+    g = torch.arange(out * width // 32).view(out, -1)
+    scales = ((g * 13) % 29 + 1).float() / (1024 if half_scales else 1000)
+    mins = -((g * 5) % 17).float() / (256 if half_scales else 300)
+    packed, scale_min = pack_int4_mm(codes, scales, mins, bits)
+    assert scale_min.dtype == (torch.float16 if half_scales else torch.float32)
+    x = (((torch.arange(7 * k).view(7, k) * 7919) % 2001 - 1000).float() / 97).to(dtype)
+    y = torch.ops.longspec.int4_mm(x, packed, scale_min).float()
+    digest = hashlib.sha256(y.numpy().tobytes()).hexdigest()[:16]
+    assert digest == GOLDEN[bits, half_scales, doubled, dtype]

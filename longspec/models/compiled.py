@@ -26,6 +26,8 @@ ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "
              "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
 # CPUs with AMX tiles (bfloat16) also get the int4 product on them (native.cpp's int4_amx)
 AMX_FLAGS = ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
+# AVX-512 CPUs with VNNI sum int4_mm's integer products in one instruction (the same sums)
+VNNI_FLAGS = ["-mavx512vnni"]
 
 
 def onednn_max_isa() -> str:
@@ -47,7 +49,10 @@ def _instruction_set() -> tuple[str, list[str]]:
     """(the build's name suffix, its compiler flags)."""
     isa = cpu_isa()
     if isa == "AMX":
-        return "avx512_amx", ISA_FLAGS["AVX512"] + AMX_FLAGS
+        return "avx512_amx", ISA_FLAGS["AVX512"] + VNNI_FLAGS + AMX_FLAGS
+    vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)   # AVX512-VNNI; private
+    if isa == "AVX512" and vnni():
+        return "avx512_vnni", ISA_FLAGS["AVX512"] + VNNI_FLAGS
     return isa.lower(), ISA_FLAGS.get(isa, [])
 
 

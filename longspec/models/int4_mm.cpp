@@ -1,20 +1,23 @@
-// longspec::int4_mm, the int4 product of CPUs with AVX2 (and AVX-512 without AMX tiles):
+// longspec::int4_mm, the int4 product of CPUs with AVX2 or AVX-512 (without AMX tiles):
 // y [m, n] = x [m, k] W [n, k']^T with W = q * scale + min per group of 32 along k', q 4-bit.
 // k' is k, or 2k for two 4-bit halves of each weight (`doubled`: group g takes the activations
 // of group g mod k / 32). As llama.cpp does, the activations are quantized per row and group of
-// 32 to int8 (x ~ d * qx, d = max |x| / 127), so that each group's dot product is an integer one
-// (AVX2's maddubs): y = sum_g scale_g * d_g * (q . qx)_g + min_g * d_g * sum(qx)_g.
+// 32 to int8 (x ~ d * qx, d = max |x| / 127), so that each group's dot product is an integer one:
+// y = sum_g scale_g * d_g * (q . qx)_g + min_g * d_g * sum(qx)_g.
 //
-// Every output is one thread's, summed in one fixed order that depends on its row and column
-// alone (two float accumulators of 8 lanes for even and odd groups, then the lanes, then the
-// mins' terms), so row i of an m-row product is bitwise the same whatever m is and whatever the
-// other rows hold: the row-invariance exactness rests on (linear.py). The instructions are
-// AVX2's whatever the build allows, so AVX2 and AVX-512 builds give the same bits.
+// The weights come in tiles of 16 outputs whose codes interleave, four k a lane: one vector
+// register holds 16 outputs' codes for 4 k, so a broadcast of 4 activations and one integer
+// multiply-add (AVX-512 VNNI's dpbusd; AVX2's maddubs and madd on 8 outputs at a time) advance
+// 16 (8) dot products at once, and the weights of a tile are unpacked once for several rows.
+// Each output is one lane of one thread, summed in one fixed order that depends on its row and
+// column alone (per group: the exact integer dot product, then acc = fma(dot, scale * d, acc)
+// and offset = fma(min, d * sum(qx), offset); then acc + offset), so row i of an m-row product
+// is bitwise the same whatever m is and whatever the other rows hold: the row-invariance
+// exactness rests on (linear.py). AVX2 and AVX-512 builds compute every lane alike: same bits.
 //
-// Operands (linear.py's pack_int4_mm): codes uint8 [n, k' / 2], each 64 weights of a row as 32
-// bytes, weight j in byte j's low nibble and weight 32 + j in its high one, or signed 8-bit
-// codes int8 [n, k] (formats of two 4-bit halves, joined: Q8_0, Q5_0, Q5_K); scale_min
-// [n, k' / 32, 2], each group's scale and min, float16 or float32. Checked against the
+// Operands (linear.py's pack_int4_mm): codes uint8 [n, k' / 2] (4-bit) or int8 [n, k'] (signed
+// 8-bit: formats of two 4-bit halves, joined: Q8_0, Q5_0, Q5_K), and scale_min [n, k' / 32, 2],
+// float16 or float32, all in the tile order below; n a multiple of 16. Checked against the
 // float64 product in tests/test_int4_mm.py.
 
 #include <torch/extension.h>
@@ -22,9 +25,10 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__F16C__)
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 
 using at::Tensor;
@@ -32,19 +36,21 @@ using at::Tensor;
 namespace {
 
 constexpr int64_t GROUP = 32;
-constexpr int64_t ROW_BLOCK = 4;   // rows that share one pass over a column's weights
+constexpr int64_t TILE = 16;       // outputs whose codes interleave
+constexpr int64_t ROW_BLOCK = 4;   // rows that share one unpacking of a tile's codes
 
-inline float to_float(float v) { return v; }
-inline float to_float(at::Half v) { return _cvtsh_ss(v.x); }
-
-// Row r's activations as int8 codes qx [k] and, per group, its step d and d * sum(qx).
+// Row r's activations as int8 codes qx [k] and, per group, sum(qx), its step d and d * sum(qx).
 struct Quantized {
-  int64_t k;
+  int64_t k, groups;
   std::vector<int8_t> codes;
+  std::vector<int32_t> total;
   std::vector<float> step, sum;
 };
 
-// A matrix's operands: BITS-bit codes and [n, groups, 2] scales and mins.
+// A matrix's operands, per tile t and group g: the codes of 8 lanes of 4 k (k = 4j..4j+3 for
+// j = 0..7) as 8 blocks of 64 bytes (output c's 4 codes at bytes 4c..4c+3), 4-bit ones two
+// blocks a byte (j in the low nibbles, j + 4 in the high ones); then the 16 scales and the 16
+// mins.
 template <typename S>
 struct Weights {
   const uint8_t* codes;
@@ -55,8 +61,8 @@ struct Weights {
 template <typename T>
 Quantized quantize(const T* x, int64_t rows, int64_t k) {
   const int64_t groups = k / GROUP;
-  Quantized q{k, std::vector<int8_t>(rows * k), std::vector<float>(rows * groups),
-              std::vector<float>(rows * groups)};
+  Quantized q{k, groups, std::vector<int8_t>(rows * k), std::vector<int32_t>(rows * groups),
+              std::vector<float>(rows * groups), std::vector<float>(rows * groups)};
   at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float v[GROUP], amax = 0;
@@ -71,6 +77,7 @@ Quantized quantize(const T* x, int64_t rows, int64_t k) {
         q.codes[i * GROUP + j] = static_cast<int8_t>(c);
         total += c;
       }
+      q.total[i] = total;
       q.step[i] = d;
       q.sum[i] = d * static_cast<float>(total);
     }
@@ -78,67 +85,137 @@ Quantized quantize(const T* x, int64_t rows, int64_t k) {
   return q;
 }
 
-inline float lanes_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+inline int32_t four(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
 
-// One group's integer dot product as 8 float lanes: 32 codes (0..15, or signed 8-bit ones)
-// times 32 int8 activations. Signed codes go in as |code| and the activations take their signs
-// (|code| <= 128 and |qx| <= 127 keep maddubs' pair sums from saturating).
+#if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+constexpr int64_t LANES = 16;
+using Floats = __m512;
+using Ints = __m512i;
+
+inline Floats load_floats(const float* p) { return _mm512_loadu_ps(p); }
+inline Floats load_floats(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+inline Ints load_ints(const uint8_t* p) { return _mm512_loadu_si512(p); }
+
+// A group's 8 blocks of codes as dpbusd's unsigned operands (8-bit ones shifted by 128).
 template <int BITS>
-inline __m256 group_dot(__m256i codes, const int8_t* qx) {
-  __m256i x = _mm256_loadu_si256((const __m256i*)qx);
-  if constexpr (BITS == 8) {
-    x = _mm256_sign_epi8(x, codes);
-    codes = _mm256_abs_epi8(codes);
+inline void unpack(const uint8_t* p, Ints* u) {
+  const Ints low = _mm512_set1_epi8(0x0F);
+  if constexpr (BITS == 4) {
+    for (int j = 0; j < 4; ++j) {
+      const Ints b = load_ints(p + j * 64);
+      u[j] = _mm512_and_si512(b, low);
+      u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+    }
+  } else {
+    for (int j = 0; j < 8; ++j) u[j] = _mm512_xor_si512(load_ints(p + j * 64), _mm512_set1_epi8(-128));
   }
-  const __m256i pairs = _mm256_maddubs_epi16(codes, x);
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
-// Rows [r0, r0 + R) of column `col`.
+// Each lane's exact dot product of its output's 32 codes with the group's activations qx.
+template <int BITS>
+inline Ints group_dot(const Ints* u, const int8_t* qx, int32_t total) {
+  Ints even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+  for (int j = 0; j < 8; j += 2) {
+    even = _mm512_dpbusd_epi32(even, u[j], _mm512_set1_epi32(four(qx + 4 * j)));
+    odd = _mm512_dpbusd_epi32(odd, u[j + 1], _mm512_set1_epi32(four(qx + 4 * j + 4)));
+  }
+  const Ints dot = _mm512_add_epi32(even, odd);
+  return BITS == 8 ? _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * total)) : dot;
+}
+
+inline Floats to_floats(Ints v) { return _mm512_cvtepi32_ps(v); }
+inline Floats fma(Floats a, Floats b, Floats c) { return _mm512_fmadd_ps(a, b, c); }
+inline Floats mul(Floats a, Floats b) { return _mm512_mul_ps(a, b); }
+inline Floats add(Floats a, Floats b) { return _mm512_add_ps(a, b); }
+inline Floats broadcast(float v) { return _mm512_set1_ps(v); }
+inline Floats zeros() { return _mm512_setzero_ps(); }
+inline void store(float* p, Floats v) { _mm512_storeu_ps(p, v); }
+#else
+constexpr int64_t LANES = 8;
+using Floats = __m256;
+using Ints = __m256i;
+
+inline Floats load_floats(const float* p) { return _mm256_loadu_ps(p); }
+inline Floats load_floats(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+inline Ints load_ints(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+
+// A group's 8 blocks of codes for maddubs: 4-bit ones as they are, 8-bit ones signed.
+template <int BITS>
+inline void unpack(const uint8_t* p, Ints* u) {
+  const Ints low = _mm256_set1_epi8(0x0F);
+  if constexpr (BITS == 4) {
+    for (int j = 0; j < 4; ++j) {
+      const Ints b = load_ints(p + j * 64);
+      u[j] = _mm256_and_si256(b, low);
+      u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+    }
+  } else {
+    for (int j = 0; j < 8; ++j) u[j] = load_ints(p + j * 64);
+  }
+}
+
+// Each lane's exact dot product of its output's 32 codes with the group's activations qx.
+// Signed codes go in as |code| and the activations take their signs (|code| <= 128 and
+// |qx| <= 127 keep maddubs' pair sums from saturating).
+template <int BITS>
+inline Ints group_dot(const Ints* u, const int8_t* qx, int32_t) {
+  const Ints ones = _mm256_set1_epi16(1);
+  Ints even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    Ints x = _mm256_set1_epi32(four(qx + 4 * j)), codes = u[j];
+    if constexpr (BITS == 8) {
+      x = _mm256_sign_epi8(x, codes);
+      codes = _mm256_abs_epi8(codes);
+    }
+    const Ints sums = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), ones);
+    (j % 2 ? odd : even) = _mm256_add_epi32(j % 2 ? odd : even, sums);
+  }
+  return _mm256_add_epi32(even, odd);
+}
+
+inline Floats to_floats(Ints v) { return _mm256_cvtepi32_ps(v); }
+inline Floats fma(Floats a, Floats b, Floats c) { return _mm256_fmadd_ps(a, b, c); }
+inline Floats mul(Floats a, Floats b) { return _mm256_mul_ps(a, b); }
+inline Floats add(Floats a, Floats b) { return _mm256_add_ps(a, b); }
+inline Floats broadcast(float v) { return _mm256_set1_ps(v); }
+inline Floats zeros() { return _mm256_setzero_ps(); }
+inline void store(float* p, Floats v) { _mm256_storeu_ps(p, v); }
+#endif
+
+// Rows [r0, r0 + R) of lanes [lane0, lane0 + LANES) of tile t.
 template <int R, int BITS, typename S, typename Y>
-void column(const Weights<S>& w, const Quantized& q, int64_t col, int64_t r0, Y* y) {
-  const int64_t k = q.k, x_groups = k / GROUP, groups = w.groups;
-  const uint8_t* codes = w.codes + col * groups * GROUP * BITS / 8;
-  const S* scale_min = w.scale_min + col * groups * 2;
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  __m256i a, b;
-  __m256 even[R], odd[R];
-  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
-  const int8_t* qx[R];
-  const float* step[R];
-  for (int r = 0; r < R; ++r) {
-    qx[r] = q.codes.data() + (r0 + r) * k;
-    step[r] = q.step.data() + (r0 + r) * x_groups;
-  }
-  for (int64_t g = 0; g < groups; g += 2) {
-    if constexpr (BITS == 4) {
-      const __m256i bytes = _mm256_loadu_si256((const __m256i*)(codes + g * GROUP / 2));
-      a = _mm256_and_si256(bytes, low);
-      b = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
-    } else {
-      a = _mm256_loadu_si256((const __m256i*)(codes + g * GROUP));
-      b = _mm256_loadu_si256((const __m256i*)(codes + (g + 1) * GROUP));
-    }
-    const float sa = to_float(scale_min[2 * g]), sb = to_float(scale_min[2 * g + 2]);
-    const int64_t ga = g < x_groups ? g : g - x_groups;   // doubled: the second half's x
-    const int64_t gb = g + 1 < x_groups ? g + 1 : g + 1 - x_groups;
+void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int64_t r0, Y* y) {
+  const int64_t groups = w.groups, x_groups = q.groups;
+  const uint8_t* codes = w.codes + t * groups * GROUP * TILE * BITS / 8 + lane0 * 4;
+  const S* scale_min = w.scale_min + t * groups * 2 * TILE + lane0;
+  Floats acc[R], offset[R];
+  for (int r = 0; r < R; ++r) acc[r] = offset[r] = zeros();
+  Ints u[8];
+  for (int64_t g = 0; g < groups; ++g) {
+    unpack<BITS>(codes + g * GROUP * TILE * BITS / 8, u);
+    const Floats scale = load_floats(scale_min + g * 2 * TILE);
+    const Floats min = load_floats(scale_min + g * 2 * TILE + TILE);
+    const int64_t gx = g < x_groups ? g : g - x_groups;   // doubled: the second half's x
     for (int r = 0; r < R; ++r) {
-      even[r] = _mm256_fmadd_ps(group_dot<BITS>(a, qx[r] + ga * GROUP),
-                                _mm256_set1_ps(sa * step[r][ga]), even[r]);
-      odd[r] = _mm256_fmadd_ps(group_dot<BITS>(b, qx[r] + gb * GROUP),
-                               _mm256_set1_ps(sb * step[r][gb]), odd[r]);
+      const int64_t i = (r0 + r) * x_groups + gx;
+      const Ints dot = group_dot<BITS>(u, q.codes.data() + i * GROUP, q.total[i]);
+      acc[r] = fma(to_floats(dot), mul(scale, broadcast(q.step[i])), acc[r]);
+      offset[r] = fma(min, broadcast(q.sum[i]), offset[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    const int64_t row = (r0 + r) * x_groups;
-    float offset = 0;
-    for (int64_t g = 0; g < groups; ++g)
-      offset += to_float(scale_min[2 * g + 1]) * q.sum[row + (g < x_groups ? g : g - x_groups)];
-    y[(r0 + r) * w.n + col] = static_cast<Y>(lanes_sum(_mm256_add_ps(even[r], odd[r])) + offset);
+    float out[LANES];
+    store(out, add(acc[r], offset[r]));
+    Y* row = y + (r0 + r) * w.n + t * TILE + lane0;
+    for (int64_t c = 0; c < LANES; ++c) row[c] = static_cast<Y>(out[c]);
   }
 }
 
@@ -147,16 +224,18 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
              Y* y) {
   const Weights<S> w{static_cast<const uint8_t*>(codes.const_data_ptr()),
                      scale_min.const_data_ptr<S>(), codes.size(0), scale_min.size(1)};
-  at::parallel_for(0, w.n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t col = begin; col < end; ++col) {
-      int64_t r0 = 0;
-      for (; r0 + ROW_BLOCK <= rows; r0 += ROW_BLOCK)
-        column<ROW_BLOCK, BITS>(w, q, col, r0, y);
-      switch (rows - r0) {
-        case 3: column<3, BITS>(w, q, col, r0, y); break;
-        case 2: column<2, BITS>(w, q, col, r0, y); break;
-        case 1: column<1, BITS>(w, q, col, r0, y); break;
-        default: break;
+  at::parallel_for(0, w.n / TILE, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t lane0 = 0; lane0 < TILE; lane0 += LANES) {
+        int64_t r0 = 0;
+        for (; r0 + ROW_BLOCK <= rows; r0 += ROW_BLOCK)
+          tile<ROW_BLOCK, BITS>(w, q, t, lane0, r0, y);
+        switch (rows - r0) {
+          case 3: tile<3, BITS>(w, q, t, lane0, r0, y); break;
+          case 2: tile<2, BITS>(w, q, t, lane0, r0, y); break;
+          case 1: tile<1, BITS>(w, q, t, lane0, r0, y); break;
+          default: break;
+        }
       }
     }
   });
@@ -180,7 +259,7 @@ Tensor int4_mm(const Tensor& x_, const Tensor& codes, const Tensor& scale_min) {
   const Tensor x = x_.contiguous();
   TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scale_min.dim() == 3 &&
                   scale_min.size(0) == codes.size(0) && scale_min.size(2) == 2,
-              "int4_mm: x [m, k], codes [n, k' / 2] (or [n, k] 8-bit) and scale_min "
+              "int4_mm: x [m, k], codes [n, k' / 2] (or [n, k'] 8-bit) and scale_min "
               "[n, k' / 32, 2] expected");
   const bool wide = codes.scalar_type() == at::kChar;
   TORCH_CHECK((wide || codes.scalar_type() == at::kByte) && codes.is_contiguous() &&
@@ -189,10 +268,11 @@ Tensor int4_mm(const Tensor& x_, const Tensor& codes, const Tensor& scale_min) {
               "int4_mm: contiguous uint8 (4-bit) or int8 codes and float16 or float32 scales "
               "and mins expected");
   const int64_t k = x.size(1), groups = scale_min.size(1);
-  TORCH_CHECK(k % GROUP == 0 && groups % 2 == 0 &&
+  TORCH_CHECK(k % GROUP == 0 && codes.size(0) % TILE == 0 &&
                   codes.size(1) * (wide ? 1 : 2) == groups * GROUP &&
                   (groups * GROUP == k || (!wide && groups * GROUP == 2 * k)),
-              "int4_mm: k a multiple of 32 and k' (k, or 2k for 4-bit codes) of 64 expected");
+              "int4_mm: k a multiple of 32, k' k (or 2k for 4-bit codes) and n a multiple of "
+              "16 expected");
   Tensor y = at::empty({x.size(0), codes.size(0)}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
     product_to<at::BFloat16>(x, codes, scale_min, y);

@@ -118,17 +118,24 @@ def pack_amx(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits
 
 def pack_int4_mm(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int = 4
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Operands of longspec::int4_mm (int4_mm.cpp): 4-bit codes [out, K'] -> uint8 [out, K' / 2]
-    (of each 64 codes, code j in byte j's low nibble and code 32 + j in its high one), signed
-    8-bit ones -> int8 [out, K']; scales and mins -> [out, K' / 32, 2] in float16 where every one
-    of them is a float16 value, else float32."""
+    """Operands of longspec::int4_mm (int4_mm.cpp), in tiles of 16 outputs (`out` a multiple of
+    16), per tile and group of 32 the codes of lane j = 0..7 (k = 4j..4j+3) as 64 bytes, output
+    c's four at bytes 4c..4c+3: 4-bit codes [out, K'] -> uint8 [out, K' / 2] (lanes j and j + 4
+    in one byte's low and high nibbles), signed 8-bit ones -> int8 [out, K']; scales and mins ->
+    [out, K' / 32, 2], per tile and group the 16 scales then the 16 mins, in float16 where every
+    one of them is a float16 value, else float32."""
     out, k = codes.shape
+    tiles, groups = out // 16, k // 32
+    # [tile, group, lane j, output c, k within the lane]
+    lanes = codes.view(tiles, 16, groups, 8, 4).permute(0, 2, 3, 1, 4)
     if bits == 8:
-        packed = codes.to(torch.int8)
+        packed = lanes.to(torch.int8).reshape(out, k)
     else:
-        pairs = codes.to(torch.uint8).view(out, k // 64, 2, 32)
-        packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(out, k // 2)
-    scale_min = torch.stack([scales.float(), mins.float()], -1)
+        nibbles = lanes.to(torch.uint8)
+        packed = (nibbles[:, :, :4] | (nibbles[:, :, 4:] << 4)).reshape(out, k // 2)
+    scale_min = torch.stack([scales.float().view(tiles, 16, groups),
+                             mins.float().view(tiles, 16, groups)], 1)   # [tile, 2, c, group]
+    scale_min = scale_min.permute(0, 3, 1, 2).reshape(out, groups, 2)
     if torch.equal(scale_min.half().float(), scale_min):
         scale_min = scale_min.half()
     return packed.contiguous(), scale_min.contiguous()
@@ -157,10 +164,9 @@ class Int4Linear(nn.Module):
         self.doubled = doubled
         self.out_features = codes.shape[0]
         self.amx = amx_int4() if group == 32 else None
-        # longspec::int4_mm takes groups of 32 in pairs
-        self.int4_mm = group == 32 and codes.shape[1] % 64 == 0 and int4_mm()
-        # int4_mm's 8-bit codes also come in pairs of groups
-        join = self.amx is not None or (self.int4_mm and codes.shape[1] % 128 == 0)
+        # longspec::int4_mm takes tiles of 16 outputs
+        self.int4_mm = group == 32 and self.out_features % 16 == 0 and int4_mm()
+        join = self.amx is not None or self.int4_mm
         joined = joined_halves(codes, scales, mins) if join and doubled else None
         if joined is not None:      # one 8-bit group where there were two 4-bit ones
             self.doubled = False
