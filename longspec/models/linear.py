@@ -151,10 +151,11 @@ class Int4Linear(nn.Module):
     up to 16 rows (a 16-row product costs ~1.3x a 1-row one); two halves whose scales allow it
     run as one matrix of 8-bit codes (Q8_0, Q5_0, Q5_K). On other CPUs with AVX2 it is
     longspec::int4_mm: the activations quantized to int8 per 32 as llama.cpp does, integer dot
-    products per group, scales and mins exact, two halves joined into 8-bit codes where they can
-    be (1.4-1.7x ATen's speed for one row, about the same for 4-16; BENCHMARKS.md). Without the
-    compiled kernels it is ATen's int4 kernel, W = (q - 8) * scale + zero with the scale and
-    zero in bfloat16. All three are row-invariant."""
+    products per group on tiles of 16 outputs, scales and mins exact, two halves joined into
+    8-bit codes where they can be (3-4x ATen's speed for one row, 2-3x for 16; BENCHMARKS.md),
+    for matrices of a multiple of 16 outputs. Without the compiled kernels it is ATen's int4
+    kernel, W = (q - 8) * scale + zero with the scale and zero in bfloat16. All three are
+    row-invariant."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                  doubled: bool, bias: torch.Tensor | None = None, group: int = 32):
