@@ -37,8 +37,9 @@ class KernelProfile:
     dtype: str           # the activations
     layers: str          # "compiled" (native.cpp) or "python"
     attention: str       # "loops" (native.cpp, every length) or "products" (attention.py)
-    # "amx" (native.cpp's tiles), "int4_mm" (int4_mm.cpp, AVX2), "aten", or "" without int4
-    # weights; "+" joins several (a matrix whose shape int4_mm does not take runs on ATen's)
+    # "amx" (native.cpp's tiles), "int4_mm" (int4_mm.cpp, AVX2 or AVX-512), "aten", or ""
+    # without int4 weights; "+" joins several (a matrix whose shape int4_mm does not take, one
+    # of fewer than 16 outputs or a multiple of 16 plus some, runs on ATen's)
     int4_kernel: str
     rows: str            # the row rules that keep products batch-invariant (linear.py)
     # the load-time row check (selfcheck.py): "passed", or what failed and what was done
