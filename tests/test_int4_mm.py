@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from longspec.models.compiled import extension, int4_mm_built
-from longspec.models.linear import pack_int4_mm
+from longspec.models.linear import pack_int4_mm, pack_int4_mm_16
 
 pytestmark = [
     pytest.mark.unit,
@@ -20,8 +20,18 @@ pytestmark = [
 
 def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, seed: int = 0):
     """(codes, scale_min, W [out, k] float64) of a random matrix of 4-bit codes (two halves of
-    them when `doubled`) or signed 8-bit ones."""
+    them when `doubled`) or signed 8-bit ones; `bits` 6: Q6_K's form, signed codes with a scale
+    per 16 and no mins."""
     g = torch.Generator().manual_seed(seed)
+    if bits == 6:
+        codes = torch.randint(-32, 32, (out, k), generator=g)
+        scales = torch.rand(out, k // 16, generator=g) * 0.02
+        if half_scales:
+            scales = scales.half().float()
+        packed, scale = pack_int4_mm_16(codes, scales)
+        assert scale.dtype == (torch.float16 if half_scales else torch.float32)
+        return packed, scale, (codes.double().view(out, -1, 16)
+                               * scales.double()[..., None]).view(out, k)
     width = 2 * k if doubled else k
     codes = (torch.randint(0, 16, (out, width), generator=g) if bits == 4
              else torch.randint(-128, 128, (out, width), generator=g))
@@ -40,7 +50,8 @@ def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, 
 
 # (out, k, doubled, float16 scales, bits)
 CASES = [(96, 128, False, True, 4), (64, 192, True, True, 4), (160, 64, False, False, 4),
-         (32, 96, True, False, 4), (48, 128, False, True, 8), (64, 192, False, False, 8)]
+         (32, 96, True, False, 4), (48, 128, False, True, 8), (64, 192, False, False, 8),
+         (64, 256, False, True, 6), (48, 96, False, False, 6)]
 
 
 @pytest.mark.parametrize("out,k,doubled,half_scales,bits", CASES)
@@ -88,7 +99,7 @@ def test_threads_do_not_change_the_bits():
 
 def test_the_operator_passes_opcheck():
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(4)).bfloat16()
-    for bits in (4, 8):
+    for bits in (4, 8, 6):
         packed, scale_min, _ = operands(64, 128, bits == 4, True, bits)
         torch.library.opcheck(torch.ops.longspec.int4_mm.default, (x, packed, scale_min),
                               test_utils=("test_schema", "test_faketensor",
@@ -113,7 +124,9 @@ GOLDEN = {(4, True, False, torch.float32): "b779cd4908932994",
           (4, True, False, torch.bfloat16): "8c2c452eca8579ec",
           (4, False, True, torch.float32): "db22f7b1d5155eb0",
           (8, True, False, torch.float32): "fed3506d3f46913d",
-          (8, False, False, torch.bfloat16): "66283bfd61bd0d9a"}
+          (8, False, False, torch.bfloat16): "66283bfd61bd0d9a",
+          (6, True, False, torch.float32): "05b9c9a223e9eba7",
+          (6, False, False, torch.bfloat16): "377866347207424c"}
 
 
 @pytest.mark.parametrize("bits,half_scales,doubled,dtype", list(GOLDEN))
@@ -124,10 +137,11 @@ def test_the_bits_are_the_same_on_every_cpu(bits, half_scales, doubled, dtype):
     width = 2 * k if doubled else k
     i = torch.arange(out * width).view(out, width)
     codes = (i * 7 + i // width * 3) % 16 if bits == 4 else (i * 37 + i // width * 11) % 256 - 128
-    g = torch.arange(out * width // 32).view(out, -1)
+    g = torch.arange(out * width // (16 if bits == 6 else 32)).view(out, -1)
     scales = ((g * 13) % 29 + 1).float() / (1024 if half_scales else 1000)
     mins = -((g * 5) % 17).float() / (256 if half_scales else 300)
-    packed, scale_min = pack_int4_mm(codes, scales, mins, bits)
+    packed, scale_min = (pack_int4_mm_16(codes // 4, scales) if bits == 6
+                         else pack_int4_mm(codes, scales, mins, bits))
     assert scale_min.dtype == (torch.float16 if half_scales else torch.float32)
     x = (((torch.arange(7 * k).view(7, k) * 7919) % 2001 - 1000).float() / 97).to(dtype)
     y = torch.ops.longspec.int4_mm(x, packed, scale_min).float()

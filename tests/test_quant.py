@@ -17,8 +17,9 @@ from gguf_writer import K_QUANTS, encode, reference, write_gguf
 from helpers import assert_matches_ar, make_checkpoint, our_logits
 
 import longspec
+from longspec.models.compiled import int4_mm
 from longspec.models.linear import Int4Linear, joined_halves
-from longspec.models.quant import Blocks, kernel_operands, quantize_dense
+from longspec.models.quant import Blocks, kernel_operands, quantize_dense, sixteen_operands
 
 KERNEL = torch.ops.aten._weight_int4pack_mm_for_cpu
 N, K = 64, 512
@@ -80,6 +81,29 @@ def test_int4_layer_weights_are_within_bfloat16_rounding_of_gguf(qtype):
     ours = layer(torch.eye(K, dtype=torch.bfloat16)).float().t()
     bound = ((16 * np.abs(scales) + np.abs(mins)).max() + gguf_values.abs().max()) * 2.0 ** -8
     assert (ours - gguf_values.reshape(N, K)).abs().max() <= bound
+
+
+@pytest.mark.unit
+def test_q6_k_codes_and_scales_per_16_reproduce_gguf_dequantization_exactly():
+    blocks = gguf_matrix("Q6_K")
+    gguf_values = dequantize(blocks.raw, GGMLQuantizationType.Q6_K).reshape(N, K)
+    codes, scales = sixteen_operands(blocks)
+    assert codes.min() >= -32 and codes.max() <= 31
+    assert np.array_equal((codes.reshape(N, -1, 16) * scales[..., None]).reshape(N, K),
+                          gguf_values)
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not int4_mm(), reason="Q6_K stays quantized only on longspec::int4_mm")
+def test_q6_k_layer_weights_are_within_bfloat16_rounding_of_gguf():
+    """A Q6_K matrix kept as 8-bit codes with its scales per 16, read back through one-hot
+    rows (each one exact in int8: code 127, step 1 / 127)."""
+    blocks = gguf_matrix("Q6_K")
+    gguf_values = torch.from_numpy(dequantize(blocks.raw, GGMLQuantizationType.Q6_K))
+    codes, scales = (torch.from_numpy(a) for a in sixteen_operands(blocks))
+    layer = Int4Linear(codes, scales, None, False, group=16)
+    ours = layer(torch.eye(K, dtype=torch.bfloat16)).float().t()
+    assert (ours - gguf_values.reshape(N, K)).abs().max() <= gguf_values.abs().max() * 2.0 ** -8
 
 
 @pytest.mark.unit
@@ -147,6 +171,9 @@ def mixed_gguf(tmp_path_factory):
     write_gguf(hf, path / "m.gguf", MIX)
     model = longspec.load_model(path / "m.gguf", device="cpu")
     assert model.weight_format == "int4" and model.config.tie_word_embeddings
+    # Q6_K (ffn_down) kept as 8-bit codes where longspec::int4_mm runs, else dense
+    down = model.net.layers[0].w_down
+    assert isinstance(down, Int4Linear) == int4_mm()
     return model
 
 

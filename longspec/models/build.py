@@ -2,8 +2,9 @@
 'model.'), fused into q|k|v and gate|up products, each product dense or kept quantized.
 
 A weight is either a dense tensor or GGUF `Blocks` (quant.py). Blocks of a format the int4
-kernel reads stay quantized when `keep_quantized`; dense weights are quantized when `quantize`
-('q4' or 'q8') asks for it. Everything else is cast to the dtype.
+kernels read stay quantized when `keep_quantized` (Q6_K only where longspec::int4_mm runs);
+dense weights are quantized when `quantize` ('q4' or 'q8') asks for it. Everything else is cast
+to the dtype.
 """
 
 from __future__ import annotations
@@ -11,9 +12,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .compiled import int4_mm
 from .config import ModelConfig
 from .linear import DenseLinear, Int4Linear
-from .quant import KERNEL_TYPES, Blocks, concat_rows, kernel_operands, quantize_dense
+from .quant import (
+    KERNEL_TYPES,
+    SIXTEEN_TYPES,
+    Blocks,
+    concat_rows,
+    kernel_operands,
+    quantize_dense,
+    sixteen_operands,
+)
 from .transformer import Transformer
 
 KERNEL_ROWS = 16      # the int4 kernel's output features come in multiples of this
@@ -43,6 +53,11 @@ def make_linear(w, bias, dtype: torch.dtype, device, quantize: str | None) -> nn
         codes, scales, mins, doubled = kernel_operands(w)
         return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales),
                           torch.from_numpy(mins), doubled, b)
+    if (isinstance(w, Blocks) and w.qtype in SIXTEEN_TYPES and _fits_kernel(w.shape, device)
+            and int4_mm()):
+        codes, scales = sixteen_operands(w)
+        return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales), None, False, b,
+                          group=16)
     weight = dense(w, dtype, device)
     if quantize is not None and _fits_kernel(tuple(weight.shape), device):
         codes, scales, mins, doubled = quantize_dense(weight.cpu(), quantize)

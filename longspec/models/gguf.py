@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .config import ModelConfig, config_from_hf
-from .quant import KERNEL_TYPES, Blocks, unpermute_rows
+from .quant import KERNEL_TYPES, SIXTEEN_TYPES, Blocks, unpermute_rows
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF name -> model_type
 # what longspec reads; the gguf package dequantizes more, but only these are tested here
@@ -176,7 +176,8 @@ def gguf_tensors(reader, config: ModelConfig, dtype: torch.dtype,
     names = [hf_name(t.name) for t in wanted]                  # unknown tensors fail here, early
 
     def load(t):
-        if keep_quantized and t.tensor_type.name in KERNEL_TYPES and len(t.shape) == 2:
+        kept = t.tensor_type.name in KERNEL_TYPES + SIXTEEN_TYPES   # build.py decides how
+        if keep_quantized and kept and len(t.shape) == 2:
             shape = tuple(int(n) for n in reversed(t.shape))
             return Blocks(t.tensor_type.name, np.asarray(t.data), shape)
         return _dequantize(t, dtype)

@@ -1,7 +1,8 @@
 // longspec::int4_mm, the int4 product of CPUs with AVX2 or AVX-512 (without AMX tiles):
 // y [m, n] = x [m, k] W [n, k']^T with W = q * scale + min per group of 32 along k', q 4-bit.
 // k' is k, or 2k for two 4-bit halves of each weight (`doubled`: group g takes the activations
-// of group g mod k / 32). As llama.cpp does, the activations are quantized per row and group of
+// of group g mod k / 32). Or W = q * scale per 16 along k, q signed 8-bit (Q6_K's form: its
+// 6-bit codes with their scales per 16, d * sc). As llama.cpp does, the activations are quantized per row and group of
 // 32 to int8 (x ~ d * qx, d = max |x| / 127), so that each group's dot product is an integer one:
 // y = sum_g scale_g * d_g * (q . qx)_g + min_g * d_g * sum(qx)_g.
 //
@@ -15,9 +16,10 @@
 // is bitwise the same whatever m is and whatever the other rows hold: the row-invariance
 // exactness rests on (linear.py). AVX2 and AVX-512 builds compute every lane alike: same bits.
 //
-// Operands (linear.py's pack_int4_mm): codes uint8 [n, k' / 2] (4-bit) or int8 [n, k'] (signed
-// 8-bit: formats of two 4-bit halves, joined: Q8_0, Q5_0, Q5_K), and scale_min [n, k' / 32, 2],
-// float16 or float32, all in the tile order below; n a multiple of 16. Checked against the
+// Operands (linear.py's pack_int4_mm and pack_int4_mm_16): codes uint8 [n, k' / 2] (4-bit) or
+// int8 [n, k'] (signed 8-bit: formats of two 4-bit halves, joined: Q8_0, Q5_0, Q5_K; or Q6_K's),
+// and scale_min [n, k' / 32, 2] (scales and mins per 32) or [n, k / 16] (8-bit codes: scales per
+// 16, no mins), float16 or float32, all in the tile order below; n a multiple of 16. Checked against the
 // float64 product in tests/test_int4_mm.py.
 
 #include <torch/extension.h>
@@ -39,18 +41,19 @@ constexpr int64_t GROUP = 32;
 constexpr int64_t TILE = 16;       // outputs whose codes interleave
 constexpr int64_t ROW_BLOCK = 4;   // rows that share one unpacking of a tile's codes
 
-// Row r's activations as int8 codes qx [k] and, per group, sum(qx), its step d and d * sum(qx).
+// Row r's activations as int8 codes qx [k]; per group its step d and d * sum(qx), and the sums
+// of qx over its two halves of 16.
 struct Quantized {
   int64_t k, groups;
   std::vector<int8_t> codes;
-  std::vector<int32_t> total;
+  std::vector<int32_t> half_total;
   std::vector<float> step, sum;
 };
 
 // A matrix's operands, per tile t and group g: the codes of 8 lanes of 4 k (k = 4j..4j+3 for
 // j = 0..7) as 8 blocks of 64 bytes (output c's 4 codes at bytes 4c..4c+3), 4-bit ones two
 // blocks a byte (j in the low nibbles, j + 4 in the high ones); then the 16 scales and the 16
-// mins.
+// mins (or, for scales per 16, the scales of k 0..15 then those of k 16..31).
 template <typename S>
 struct Weights {
   const uint8_t* codes;
@@ -61,7 +64,7 @@ struct Weights {
 template <typename T>
 Quantized quantize(const T* x, int64_t rows, int64_t k) {
   const int64_t groups = k / GROUP;
-  Quantized q{k, groups, std::vector<int8_t>(rows * k), std::vector<int32_t>(rows * groups),
+  Quantized q{k, groups, std::vector<int8_t>(rows * k), std::vector<int32_t>(rows * groups * 2),
               std::vector<float>(rows * groups), std::vector<float>(rows * groups)};
   at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -71,15 +74,16 @@ Quantized quantize(const T* x, int64_t rows, int64_t k) {
         amax = std::max(amax, std::fabs(v[j]));
       }
       const float d = amax / 127, inverse = d > 0 ? 1 / d : 0;
-      int total = 0;
+      int total[2] = {0, 0};
       for (int64_t j = 0; j < GROUP; ++j) {
         const int c = static_cast<int>(std::nearbyint(v[j] * inverse));
         q.codes[i * GROUP + j] = static_cast<int8_t>(c);
-        total += c;
+        total[j / 16] += c;
       }
-      q.total[i] = total;
+      q.half_total[2 * i] = total[0];
+      q.half_total[2 * i + 1] = total[1];
       q.step[i] = d;
-      q.sum[i] = d * static_cast<float>(total);
+      q.sum[i] = d * static_cast<float>(total[0] + total[1]);
     }
   });
   return q;
@@ -117,17 +121,22 @@ inline void unpack(const uint8_t* p, Ints* u) {
   }
 }
 
-// Each lane's exact dot product of its output's 32 codes with the group's activations qx.
+// Each lane's exact dot products of its output's codes with the group's activations qx, over
+// k 0..15 (half[0]) and 16..31 (half[1]); `total` qx's sums over them.
 template <int BITS>
-inline Ints group_dot(const Ints* u, const int8_t* qx, int32_t total) {
-  Ints even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-  for (int j = 0; j < 8; j += 2) {
-    even = _mm512_dpbusd_epi32(even, u[j], _mm512_set1_epi32(four(qx + 4 * j)));
-    odd = _mm512_dpbusd_epi32(odd, u[j + 1], _mm512_set1_epi32(four(qx + 4 * j + 4)));
+inline void group_dot(const Ints* u, const int8_t* qx, const int32_t* total, Ints* half) {
+  for (int h = 0; h < 2; ++h) {
+    Ints even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+    for (int j = 4 * h; j < 4 * h + 4; j += 2) {
+      even = _mm512_dpbusd_epi32(even, u[j], _mm512_set1_epi32(four(qx + 4 * j)));
+      odd = _mm512_dpbusd_epi32(odd, u[j + 1], _mm512_set1_epi32(four(qx + 4 * j + 4)));
+    }
+    half[h] = _mm512_add_epi32(even, odd);
+    if constexpr (BITS == 8) half[h] = _mm512_sub_epi32(half[h], _mm512_set1_epi32(128 * total[h]));
   }
-  const Ints dot = _mm512_add_epi32(even, odd);
-  return BITS == 8 ? _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * total)) : dot;
 }
+
+inline Ints add_ints(Ints a, Ints b) { return _mm512_add_epi32(a, b); }
 
 inline Floats to_floats(Ints v) { return _mm512_cvtepi32_ps(v); }
 inline Floats fma(Floats a, Floats b, Floats c) { return _mm512_fmadd_ps(a, b, c); }
@@ -162,24 +171,28 @@ inline void unpack(const uint8_t* p, Ints* u) {
   }
 }
 
-// Each lane's exact dot product of its output's 32 codes with the group's activations qx.
-// Signed codes go in as |code| and the activations take their signs (|code| <= 128 and
-// |qx| <= 127 keep maddubs' pair sums from saturating).
+// Each lane's exact dot products of its output's codes with the group's activations qx, over
+// k 0..15 (half[0]) and 16..31 (half[1]). Signed codes go in as |code| and the activations take
+// their signs (|code| <= 128 and |qx| <= 127 keep maddubs' pair sums from saturating).
 template <int BITS>
-inline Ints group_dot(const Ints* u, const int8_t* qx, int32_t) {
+inline void group_dot(const Ints* u, const int8_t* qx, const int32_t*, Ints* half) {
   const Ints ones = _mm256_set1_epi16(1);
-  Ints even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-  for (int j = 0; j < 8; ++j) {
-    Ints x = _mm256_set1_epi32(four(qx + 4 * j)), codes = u[j];
-    if constexpr (BITS == 8) {
-      x = _mm256_sign_epi8(x, codes);
-      codes = _mm256_abs_epi8(codes);
+  for (int h = 0; h < 2; ++h) {
+    Ints even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+    for (int j = 4 * h; j < 4 * h + 4; ++j) {
+      Ints x = _mm256_set1_epi32(four(qx + 4 * j)), codes = u[j];
+      if constexpr (BITS == 8) {
+        x = _mm256_sign_epi8(x, codes);
+        codes = _mm256_abs_epi8(codes);
+      }
+      const Ints sums = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), ones);
+      (j % 2 ? odd : even) = _mm256_add_epi32(j % 2 ? odd : even, sums);
     }
-    const Ints sums = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), ones);
-    (j % 2 ? odd : even) = _mm256_add_epi32(j % 2 ? odd : even, sums);
+    half[h] = _mm256_add_epi32(even, odd);
   }
-  return _mm256_add_epi32(even, odd);
 }
+
+inline Ints add_ints(Ints a, Ints b) { return _mm256_add_epi32(a, b); }
 
 inline Floats to_floats(Ints v) { return _mm256_cvtepi32_ps(v); }
 inline Floats fma(Floats a, Floats b, Floats c) { return _mm256_fmadd_ps(a, b, c); }
@@ -190,8 +203,8 @@ inline Floats zeros() { return _mm256_setzero_ps(); }
 inline void store(float* p, Floats v) { _mm256_storeu_ps(p, v); }
 #endif
 
-// Rows [r0, r0 + R) of lanes [lane0, lane0 + LANES) of tile t.
-template <int R, int BITS, typename S, typename Y>
+// Rows [r0, r0 + R) of lanes [lane0, lane0 + LANES) of tile t; SIXTEEN: scales per 16, no mins.
+template <int R, int BITS, bool SIXTEEN, typename S, typename Y>
 void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int64_t r0, Y* y) {
   const int64_t groups = w.groups, x_groups = q.groups;
   const uint8_t* codes = w.codes + t * groups * GROUP * TILE * BITS / 8 + lane0 * 4;
@@ -201,14 +214,21 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
   Ints u[8];
   for (int64_t g = 0; g < groups; ++g) {
     unpack<BITS>(codes + g * GROUP * TILE * BITS / 8, u);
-    const Floats scale = load_floats(scale_min + g * 2 * TILE);
-    const Floats min = load_floats(scale_min + g * 2 * TILE + TILE);
+    const Floats first = load_floats(scale_min + g * 2 * TILE);    // scales
+    const Floats second = load_floats(scale_min + g * 2 * TILE + TILE);   // mins, or scales
     const int64_t gx = g < x_groups ? g : g - x_groups;   // doubled: the second half's x
     for (int r = 0; r < R; ++r) {
       const int64_t i = (r0 + r) * x_groups + gx;
-      const Ints dot = group_dot<BITS>(u, q.codes.data() + i * GROUP, q.total[i]);
-      acc[r] = fma(to_floats(dot), mul(scale, broadcast(q.step[i])), acc[r]);
-      offset[r] = fma(min, broadcast(q.sum[i]), offset[r]);
+      Ints half[2];
+      group_dot<BITS>(u, q.codes.data() + i * GROUP, q.half_total.data() + 2 * i, half);
+      const Floats step = broadcast(q.step[i]);
+      if constexpr (SIXTEEN) {
+        acc[r] = fma(to_floats(half[0]), mul(first, step), acc[r]);
+        acc[r] = fma(to_floats(half[1]), mul(second, step), acc[r]);
+      } else {
+        acc[r] = fma(to_floats(add_ints(half[0], half[1])), mul(first, step), acc[r]);
+        offset[r] = fma(second, broadcast(q.sum[i]), offset[r]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -219,21 +239,22 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
   }
 }
 
-template <int BITS, typename S, typename Y>
+template <int BITS, bool SIXTEEN, typename S, typename Y>
 void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor& scale_min,
              Y* y) {
   const Weights<S> w{static_cast<const uint8_t*>(codes.const_data_ptr()),
-                     scale_min.const_data_ptr<S>(), codes.size(0), scale_min.size(1)};
+                     scale_min.const_data_ptr<S>(), codes.size(0),
+                     SIXTEEN ? scale_min.size(1) / 2 : scale_min.size(1)};
   at::parallel_for(0, w.n / TILE, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t lane0 = 0; lane0 < TILE; lane0 += LANES) {
         int64_t r0 = 0;
         for (; r0 + ROW_BLOCK <= rows; r0 += ROW_BLOCK)
-          tile<ROW_BLOCK, BITS>(w, q, t, lane0, r0, y);
+          tile<ROW_BLOCK, BITS, SIXTEEN>(w, q, t, lane0, r0, y);
         switch (rows - r0) {
-          case 3: tile<3, BITS>(w, q, t, lane0, r0, y); break;
-          case 2: tile<2, BITS>(w, q, t, lane0, r0, y); break;
-          case 1: tile<1, BITS>(w, q, t, lane0, r0, y); break;
+          case 3: tile<3, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
+          case 2: tile<2, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
+          case 1: tile<1, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
           default: break;
         }
       }
@@ -247,29 +268,33 @@ void product_to(const Tensor& x, const Tensor& codes, const Tensor& scale_min, T
   const Quantized q = quantize(x.const_data_ptr<X>(), rows, k);
   X* out = y.mutable_data_ptr<X>();
   const bool half = scale_min.scalar_type() == at::kHalf;
-  if (codes.scalar_type() == at::kChar)
-    half ? product<8, at::Half>(q, rows, codes, scale_min, out)
-         : product<8, float>(q, rows, codes, scale_min, out);
+  if (scale_min.dim() == 2)
+    half ? product<8, true, at::Half>(q, rows, codes, scale_min, out)
+         : product<8, true, float>(q, rows, codes, scale_min, out);
+  else if (codes.scalar_type() == at::kChar)
+    half ? product<8, false, at::Half>(q, rows, codes, scale_min, out)
+         : product<8, false, float>(q, rows, codes, scale_min, out);
   else
-    half ? product<4, at::Half>(q, rows, codes, scale_min, out)
-         : product<4, float>(q, rows, codes, scale_min, out);
+    half ? product<4, false, at::Half>(q, rows, codes, scale_min, out)
+         : product<4, false, float>(q, rows, codes, scale_min, out);
 }
 
 Tensor int4_mm(const Tensor& x_, const Tensor& codes, const Tensor& scale_min) {
   const Tensor x = x_.contiguous();
-  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scale_min.dim() == 3 &&
-                  scale_min.size(0) == codes.size(0) && scale_min.size(2) == 2,
+  const bool sixteen = scale_min.dim() == 2, wide = codes.scalar_type() == at::kChar;
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scale_min.size(0) == codes.size(0) &&
+                  ((scale_min.dim() == 3 && scale_min.size(2) == 2) || (sixteen && wide)),
               "int4_mm: x [m, k], codes [n, k' / 2] (or [n, k'] 8-bit) and scale_min "
-              "[n, k' / 32, 2] expected");
-  const bool wide = codes.scalar_type() == at::kChar;
+              "[n, k' / 32, 2] (or, with 8-bit codes, scales [n, k / 16]) expected");
   TORCH_CHECK((wide || codes.scalar_type() == at::kByte) && codes.is_contiguous() &&
                   scale_min.is_contiguous() &&
                   (scale_min.scalar_type() == at::kHalf || scale_min.scalar_type() == at::kFloat),
               "int4_mm: contiguous uint8 (4-bit) or int8 codes and float16 or float32 scales "
               "and mins expected");
-  const int64_t k = x.size(1), groups = scale_min.size(1);
+  const int64_t k = x.size(1), groups = sixteen ? scale_min.size(1) / 2 : scale_min.size(1);
   TORCH_CHECK(k % GROUP == 0 && codes.size(0) % TILE == 0 &&
                   codes.size(1) * (wide ? 1 : 2) == groups * GROUP &&
+                  (!sixteen || scale_min.size(1) % 2 == 0) &&
                   (groups * GROUP == k || (!wide && groups * GROUP == 2 * k)),
               "int4_mm: k a multiple of 32, k' k (or 2k for 4-bit codes) and n a multiple of "
               "16 expected");

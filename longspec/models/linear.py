@@ -124,21 +124,39 @@ def pack_int4_mm(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, 
     in one byte's low and high nibbles), signed 8-bit ones -> int8 [out, K']; scales and mins ->
     [out, K' / 32, 2], per tile and group the 16 scales then the 16 mins, in float16 where every
     one of them is a float16 value, else float32."""
+    return _tile_codes(codes, bits), _tile_pairs(scales, mins)
+
+
+def pack_int4_mm_16(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """longspec::int4_mm's operands for signed 8-bit codes [out, K] with a scale per 16 and no
+    mins (Q6_K): the codes as pack_int4_mm's, the scales [out, K / 16] as pack_int4_mm's pairs
+    (per tile and group of 32, the 16 scales of k 0..15 then those of k 16..31)."""
+    out = codes.shape[0]
+    return _tile_codes(codes, 8), _tile_pairs(scales[:, 0::2], scales[:, 1::2]).view(out, -1)
+
+
+def _tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     out, k = codes.shape
     tiles, groups = out // 16, k // 32
     # [tile, group, lane j, output c, k within the lane]
     lanes = codes.view(tiles, 16, groups, 8, 4).permute(0, 2, 3, 1, 4)
     if bits == 8:
-        packed = lanes.to(torch.int8).reshape(out, k)
-    else:
-        nibbles = lanes.to(torch.uint8)
-        packed = (nibbles[:, :, :4] | (nibbles[:, :, 4:] << 4)).reshape(out, k // 2)
-    scale_min = torch.stack([scales.float().view(tiles, 16, groups),
-                             mins.float().view(tiles, 16, groups)], 1)   # [tile, 2, c, group]
-    scale_min = scale_min.permute(0, 3, 1, 2).reshape(out, groups, 2)
-    if torch.equal(scale_min.half().float(), scale_min):
-        scale_min = scale_min.half()
-    return packed.contiguous(), scale_min.contiguous()
+        return lanes.to(torch.int8).reshape(out, k).contiguous()
+    nibbles = lanes.to(torch.uint8)
+    return (nibbles[:, :, :4] | (nibbles[:, :, 4:] << 4)).reshape(out, k // 2).contiguous()
+
+
+def _tile_pairs(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """[out, groups] twice -> [out, groups, 2] holding, per tile and group, the 16 `first` then
+    the 16 `second`; float16 where all are float16 values, else float32."""
+    out, groups = first.shape
+    tiles = out // 16
+    pairs = torch.stack([first.float().view(tiles, 16, groups),
+                         second.float().view(tiles, 16, groups)], 1)   # [tile, 2, c, group]
+    pairs = pairs.permute(0, 3, 1, 2).reshape(out, groups, 2)
+    if torch.equal(pairs.half().float(), pairs):
+        pairs = pairs.half()
+    return pairs.contiguous()
 
 
 class Int4Linear(nn.Module):
@@ -157,19 +175,25 @@ class Int4Linear(nn.Module):
     kernel, W = (q - 8) * scale + zero with the scale and zero in bfloat16. All three are
     row-invariant."""
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  doubled: bool, bias: torch.Tensor | None = None, group: int = 32):
-        """codes int32 [out, K'] in 0..15; scales, mins float32 [out, K' / group]."""
+        """codes int32 [out, K'] in 0..15; scales, mins float32 [out, K' / group]. Or, with
+        group 16 and no mins, signed 8-bit codes [out, K] with a scale per 16 (Q6_K), which only
+        longspec::int4_mm takes (`int4_mm()`, out a multiple of 16)."""
         super().__init__()
         self.group = group
         self.doubled = doubled
         self.out_features = codes.shape[0]
         self.amx = amx_int4() if group == 32 else None
         # longspec::int4_mm takes tiles of 16 outputs
-        self.int4_mm = group == 32 and self.out_features % 16 == 0 and int4_mm()
+        self.int4_mm = group in (16, 32) and self.out_features % 16 == 0 and int4_mm()
         join = self.amx is not None or self.int4_mm
         joined = joined_halves(codes, scales, mins) if join and doubled else None
-        if joined is not None:      # one 8-bit group where there were two 4-bit ones
+        if mins is None:
+            if not self.int4_mm:
+                raise ValueError("scales per 16 without mins need longspec::int4_mm")
+            packed, scale_zero = pack_int4_mm_16(codes, scales)
+        elif joined is not None:      # one 8-bit group where there were two 4-bit ones
             self.doubled = False
             pack = pack_amx if self.amx is not None else pack_int4_mm
             packed, scale_zero = pack(*joined, bits=8)

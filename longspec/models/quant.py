@@ -14,8 +14,9 @@ formats map onto it exactly (every value in float32 equals `gguf.quants.dequanti
 | Q5_K | [low nibble, high bit+8] | [d sc, 16 d sc]| [-dmin mn, -128 d sc]      | 2K  |
 
 (2K: two 4-bit halves along K, the activations given twice.) Q6_K has a scale per 16 weights,
-finer than the kernel's groups: its tensors stay dense. How each kernel rounds the scales and
-mins is Int4Linear's to say (tests and BENCHMARKS.md give the bounds).
+finer than those groups: longspec::int4_mm takes it as signed 8-bit codes q - 32 with the scales
+d sc per 16 and no mins (`sixteen_operands`); the other kernels take it dense. How each kernel
+rounds the scales and mins is Int4Linear's to say (tests and BENCHMARKS.md give the bounds).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 GROUP = 32
 KERNEL_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q5_0", "Q5_K")
+SIXTEEN_TYPES = ("Q6_K",)     # longspec::int4_mm's scales per 16
 DOUBLED = ("Q8_0", "Q5_0", "Q5_K")
 QUANTIZE = ("q4", "q8")
 
@@ -98,6 +100,21 @@ def kernel_operands(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray,
         return (np.concatenate([low, high], 1), np.concatenate([scale, 16 * scale], 1),
                 np.concatenate([low_min, -128 * scale], 1), True)
     raise ValueError(f"no int4 kernel mapping for {blocks.qtype}")
+
+
+def sixteen_operands(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
+    """(codes int8 [out, K] in -32..31, scales float32 [out, K / 16]) of a Q6_K matrix: the
+    weights are codes * scales exactly, as `gguf.quants.dequantize` gives them."""
+    n, k = blocks.shape
+    b = blocks.raw.reshape(n, k // 256, 210)
+    low = b[..., :128].reshape(n, k // 256, 2, 1, 64) >> np.array([0, 4], np.uint8)[:, None]
+    low = (low & 0x0F).reshape(n, k // 256, 2, 4, 32)        # [half, quarter, 32]
+    high = b[..., 128:192].reshape(n, k // 256, 2, 1, 32) >> np.array([0, 2, 4, 6],
+                                                                         np.uint8)[:, None]
+    codes = (low | ((high & 0x03) << 4)).astype(np.int8) - np.int8(32)
+    scales = (_f16(b[..., 208:210])[..., None]
+              * np.ascontiguousarray(b[..., 192:208]).view(np.int8).astype(np.float32))
+    return codes.reshape(n, k), scales.reshape(n, k // 16)
 
 
 def _halves(q8: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
