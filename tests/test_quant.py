@@ -19,7 +19,13 @@ from helpers import assert_matches_ar, make_checkpoint, our_logits
 import longspec
 from longspec.models.compiled import int4_mm
 from longspec.models.linear import Int4Linear, joined_halves
-from longspec.models.quant import Blocks, kernel_operands, quantize_dense, sixteen_operands
+from longspec.models.quant import (
+    Blocks,
+    k_factors,
+    kernel_operands,
+    quantize_dense,
+    sixteen_operands,
+)
 
 KERNEL = torch.ops.aten._weight_int4pack_mm_for_cpu
 N, K = 64, 512
@@ -104,6 +110,28 @@ def test_q6_k_layer_weights_are_within_bfloat16_rounding_of_gguf():
     layer = Int4Linear(codes, scales, None, False, group=16)
     ours = layer(torch.eye(K, dtype=torch.bfloat16)).float().t()
     assert (ours - gguf_values.reshape(N, K)).abs().max() <= gguf_values.abs().max() * 2.0 ** -8
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not int4_mm(), reason="K-quant scales as the file keeps them: int4_mm only")
+def test_q4_k_scales_as_the_file_keeps_them_give_the_same_bits_in_fewer_bytes():
+    """int4_mm reads Q4_K's float16 d and dmin per 256 and 6-bit codes per 32 and multiplies
+    them out exactly: the same outputs as from the float32 scales and mins."""
+    blocks = gguf_matrix("Q4_K")
+    codes, scales, mins = (torch.from_numpy(a) for a in kernel_operands(blocks)[:3])
+    factors = tuple(torch.from_numpy(a) for a in k_factors(blocks))
+    plain = Int4Linear(codes, scales, mins, False)
+    compact = Int4Linear(codes, scales, mins, False, factors=factors)
+    assert compact.scale_zero.dtype == torch.uint8
+    assert compact.scale_zero.nbytes * 3 < plain.scale_zero.nbytes
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = (torch.randn(7, K, generator=g) * 3).to(dtype)
+        assert torch.equal(compact(x), plain(x))
+    torch.library.opcheck(torch.ops.longspec.int4_mm.default,
+                          (x, compact.packed, compact.scale_zero),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
 
 
 @pytest.mark.unit

@@ -2,8 +2,9 @@
 // y [m, n] = x [m, k] W [n, k']^T with W = q * scale + min per group of 32 along k', q 4-bit.
 // k' is k, or 2k for two 4-bit halves of each weight (`doubled`: group g takes the activations
 // of group g mod k / 32). Or W = q * scale per 16 along k, q signed 8-bit (Q6_K's form: its
-// 6-bit codes with their scales per 16, d * sc). As llama.cpp does, the activations are quantized per row and group of
-// 32 to int8 (x ~ d * qx, d = max |x| / 127), so that each group's dot product is an integer one:
+// 6-bit codes with their scales per 16, d * sc). As llama.cpp does, the activations are
+// quantized per row and group of 32 to int8 (x ~ d * qx, d = max |x| / 127), so that each
+// group's dot product is an integer one:
 // y = sum_g scale_g * d_g * (q . qx)_g + min_g * d_g * sum(qx)_g.
 //
 // The weights come in tiles of 16 outputs whose codes interleave, four k a lane: one vector
@@ -19,7 +20,11 @@
 // Operands (linear.py's pack_int4_mm and pack_int4_mm_16): codes uint8 [n, k' / 2] (4-bit) or
 // int8 [n, k'] (signed 8-bit: formats of two 4-bit halves, joined: Q8_0, Q5_0, Q5_K; or Q6_K's),
 // and scale_min [n, k' / 32, 2] (scales and mins per 32) or [n, k / 16] (8-bit codes: scales per
-// 16, no mins), float16 or float32, all in the tile order below; n a multiple of 16. Checked against the
+// 16, no mins), float16 or float32, all in the tile order below; n a multiple of 16. Or, for
+// K-quants (Q4_K), scale_min uint8 [n, k / 256, 20]: per tile and superblock of 256, its 16
+// outputs' float16 d and -dmin, then per group 16 six-bit scale codes and 16 min codes; a
+// group's scale is d * code and its min -dmin * code, exact in float32 (the values the float32
+// form holds, 4.6 bits a weight in all instead of 6). Checked against the
 // float64 product in tests/test_int4_mm.py.
 
 #include <torch/extension.h>
@@ -28,6 +33,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
@@ -104,6 +110,9 @@ inline Floats load_floats(const float* p) { return _mm512_loadu_ps(p); }
 inline Floats load_floats(const at::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
 }
+inline Floats load_floats(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
 inline Ints load_ints(const uint8_t* p) { return _mm512_loadu_si512(p); }
 
 // A group's 8 blocks of codes as dpbusd's unsigned operands (8-bit ones shifted by 128).
@@ -117,7 +126,8 @@ inline void unpack(const uint8_t* p, Ints* u) {
       u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
     }
   } else {
-    for (int j = 0; j < 8; ++j) u[j] = _mm512_xor_si512(load_ints(p + j * 64), _mm512_set1_epi8(-128));
+    const Ints bias = _mm512_set1_epi8(-128);
+    for (int j = 0; j < 8; ++j) u[j] = _mm512_xor_si512(load_ints(p + j * 64), bias);
   }
 }
 
@@ -153,6 +163,9 @@ using Ints = __m256i;
 inline Floats load_floats(const float* p) { return _mm256_loadu_ps(p); }
 inline Floats load_floats(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+inline Floats load_floats(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 inline Ints load_ints(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
 
@@ -208,14 +221,27 @@ template <int R, int BITS, bool SIXTEEN, typename S, typename Y>
 void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int64_t r0, Y* y) {
   const int64_t groups = w.groups, x_groups = q.groups;
   const uint8_t* codes = w.codes + t * groups * GROUP * TILE * BITS / 8 + lane0 * 4;
-  const S* scale_min = w.scale_min + t * groups * 2 * TILE + lane0;
+  constexpr bool KQUANT = std::is_same_v<S, uint8_t>;
+  constexpr int64_t SUPER = 8, SUPER_BYTES = 4 * TILE + SUPER * 2 * TILE;   // K-quants'
+  [[maybe_unused]] const S* scale_min = w.scale_min + t * groups * 2 * TILE + lane0;
+  [[maybe_unused]] const uint8_t* blocks =
+      reinterpret_cast<const uint8_t*>(w.scale_min) + t * groups / SUPER * SUPER_BYTES;
   Floats acc[R], offset[R];
   for (int r = 0; r < R; ++r) acc[r] = offset[r] = zeros();
   Ints u[8];
   for (int64_t g = 0; g < groups; ++g) {
     unpack<BITS>(codes + g * GROUP * TILE * BITS / 8, u);
-    const Floats first = load_floats(scale_min + g * 2 * TILE);    // scales
-    const Floats second = load_floats(scale_min + g * 2 * TILE + TILE);   // mins, or scales
+    Floats first, second;   // scales, and mins (or the scales of k 16..31)
+    if constexpr (KQUANT) {
+      const uint8_t* block = blocks + g / SUPER * SUPER_BYTES;
+      const at::Half* d = reinterpret_cast<const at::Half*>(block) + lane0;   // then -dmin
+      const uint8_t* group_codes = block + 4 * TILE + g % SUPER * 2 * TILE + lane0;
+      first = mul(load_floats(group_codes), load_floats(d));
+      second = mul(load_floats(group_codes + TILE), load_floats(d + TILE));
+    } else {
+      first = load_floats(scale_min + g * 2 * TILE);
+      second = load_floats(scale_min + g * 2 * TILE + TILE);
+    }
     const int64_t gx = g < x_groups ? g : g - x_groups;   // doubled: the second half's x
     for (int r = 0; r < R; ++r) {
       const int64_t i = (r0 + r) * x_groups + gx;
@@ -244,7 +270,8 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
              Y* y) {
   const Weights<S> w{static_cast<const uint8_t*>(codes.const_data_ptr()),
                      scale_min.const_data_ptr<S>(), codes.size(0),
-                     SIXTEEN ? scale_min.size(1) / 2 : scale_min.size(1)};
+                     std::is_same_v<S, uint8_t> ? scale_min.size(1) * 8
+                     : SIXTEEN ? scale_min.size(1) / 2 : scale_min.size(1)};
   at::parallel_for(0, w.n / TILE, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t lane0 = 0; lane0 < TILE; lane0 += LANES) {
@@ -268,7 +295,9 @@ void product_to(const Tensor& x, const Tensor& codes, const Tensor& scale_min, T
   const Quantized q = quantize(x.const_data_ptr<X>(), rows, k);
   X* out = y.mutable_data_ptr<X>();
   const bool half = scale_min.scalar_type() == at::kHalf;
-  if (scale_min.dim() == 2)
+  if (scale_min.scalar_type() == at::kByte)
+    product<4, false, uint8_t>(q, rows, codes, scale_min, out);
+  else if (scale_min.dim() == 2)
     half ? product<8, true, at::Half>(q, rows, codes, scale_min, out)
          : product<8, true, float>(q, rows, codes, scale_min, out);
   else if (codes.scalar_type() == at::kChar)
@@ -282,16 +311,22 @@ void product_to(const Tensor& x, const Tensor& codes, const Tensor& scale_min, T
 Tensor int4_mm(const Tensor& x_, const Tensor& codes, const Tensor& scale_min) {
   const Tensor x = x_.contiguous();
   const bool sixteen = scale_min.dim() == 2, wide = codes.scalar_type() == at::kChar;
+  const bool kquant = scale_min.scalar_type() == at::kByte;
   TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scale_min.size(0) == codes.size(0) &&
-                  ((scale_min.dim() == 3 && scale_min.size(2) == 2) || (sixteen && wide)),
+                  ((scale_min.dim() == 3 && scale_min.size(2) == (kquant ? 20 : 2)) ||
+                   (sixteen && wide)) && !(kquant && wide),
               "int4_mm: x [m, k], codes [n, k' / 2] (or [n, k'] 8-bit) and scale_min "
-              "[n, k' / 32, 2] (or, with 8-bit codes, scales [n, k / 16]) expected");
+              "[n, k' / 32, 2] (or, with 8-bit codes, scales [n, k / 16]; or, with 4-bit "
+              "codes, K-quant scales uint8 [n, k' / 256, 20]) expected");
   TORCH_CHECK((wide || codes.scalar_type() == at::kByte) && codes.is_contiguous() &&
                   scale_min.is_contiguous() &&
-                  (scale_min.scalar_type() == at::kHalf || scale_min.scalar_type() == at::kFloat),
+                  (scale_min.scalar_type() == at::kHalf ||
+                   scale_min.scalar_type() == at::kFloat || kquant),
               "int4_mm: contiguous uint8 (4-bit) or int8 codes and float16 or float32 scales "
-              "and mins expected");
-  const int64_t k = x.size(1), groups = sixteen ? scale_min.size(1) / 2 : scale_min.size(1);
+              "and mins (or K-quant uint8 ones) expected");
+  const int64_t k = x.size(1),
+                groups = kquant ? scale_min.size(1) * 8 : sixteen ? scale_min.size(1) / 2
+                                                                  : scale_min.size(1);
   TORCH_CHECK(k % GROUP == 0 && codes.size(0) % TILE == 0 &&
                   codes.size(1) * (wide ? 1 : 2) == groups * GROUP &&
                   (!sixteen || scale_min.size(1) % 2 == 0) &&

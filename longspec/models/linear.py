@@ -135,6 +135,26 @@ def pack_int4_mm_16(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Te
     return _tile_codes(codes, 8), _tile_pairs(scales[:, 0::2], scales[:, 1::2]).view(out, -1)
 
 
+def pack_int4_mm_k(codes: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
+                   scale_codes: torch.Tensor, min_codes: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """longspec::int4_mm's operands for a K-quant matrix (Q4_K: W = d sc q - dmin m per group of
+    32, d and dmin float16 per 256, sc and m 6-bit per group): the codes as pack_int4_mm's, and
+    uint8 [out, K / 256, 20] holding, per tile of 16 outputs and superblock of 256, their 16 d
+    and 16 -dmin as float16, then per group the 16 sc and the 16 m."""
+    out, supers = d.shape
+    tiles = out // 16
+
+    def per_tile(v: torch.Tensor) -> torch.Tensor:   # [out, supers] -> [tiles, supers, 32] bytes
+        return v.half().view(tiles, 16, supers).transpose(1, 2).contiguous().view(torch.uint8)
+
+    group_codes = torch.stack([scale_codes.to(torch.uint8).view(tiles, 16, supers, 8),
+                               min_codes.to(torch.uint8).view(tiles, 16, supers, 8)], 3)
+    group_codes = group_codes.permute(0, 2, 4, 3, 1).reshape(tiles, supers, 256)
+    scales = torch.cat([per_tile(d), per_tile(-dmin), group_codes], -1)
+    return _tile_codes(codes, 4), scales.reshape(out, supers, 20).contiguous()
+
+
 def _tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     out, k = codes.shape
     tiles, groups = out // 16, k // 32
@@ -176,10 +196,13 @@ class Int4Linear(nn.Module):
     row-invariant."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-                 doubled: bool, bias: torch.Tensor | None = None, group: int = 32):
+                 doubled: bool, bias: torch.Tensor | None = None, group: int = 32,
+                 factors: tuple[torch.Tensor, ...] | None = None):
         """codes int32 [out, K'] in 0..15; scales, mins float32 [out, K' / group]. Or, with
         group 16 and no mins, signed 8-bit codes [out, K] with a scale per 16 (Q6_K), which only
-        longspec::int4_mm takes (`int4_mm()`, out a multiple of 16)."""
+        longspec::int4_mm takes (`int4_mm()`, out a multiple of 16). `factors` (d, dmin, sc, m)
+        of a K-quant (scales = d sc, mins = -dmin m) let int4_mm read them as the file keeps
+        them (same values, fewer bytes)."""
         super().__init__()
         self.group = group
         self.doubled = doubled
@@ -199,6 +222,8 @@ class Int4Linear(nn.Module):
             packed, scale_zero = pack(*joined, bits=8)
         elif self.amx is not None:
             packed, scale_zero = pack_amx(codes, scales, mins, bits=4)
+        elif self.int4_mm and factors is not None and not doubled:
+            packed, scale_zero = pack_int4_mm_k(codes, *factors)
         elif self.int4_mm:
             packed, scale_zero = pack_int4_mm(codes, scales, mins)
         else:

@@ -102,6 +102,16 @@ def kernel_operands(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     raise ValueError(f"no int4 kernel mapping for {blocks.qtype}")
 
 
+def k_factors(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(d, dmin float32 [out, K / 256], sc, m uint8 [out, K / 32]) of a Q4_K matrix, whose
+    kernel_operands scales are d sc and mins -dmin m."""
+    n, k = blocks.shape
+    b = blocks.raw.reshape(n, k // 256, 144)
+    sc, mn = _k_scales(b[..., 4:16])
+    return (_f16(b[..., 0:2]), _f16(b[..., 2:4]), sc.astype(np.uint8).reshape(n, k // 32),
+            mn.astype(np.uint8).reshape(n, k // 32))
+
+
 def sixteen_operands(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
     """(codes int8 [out, K] in -32..31, scales float32 [out, K / 16]) of a Q6_K matrix: the
     weights are codes * scales exactly, as `gguf.quants.dequantize` gives them."""
