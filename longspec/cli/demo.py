@@ -118,8 +118,8 @@ def run(args) -> int:
           f"({st['tokens_per_s']:.0f} tokens/s) with {st['method']} on {model.name}, "
           f"{st['device']} {st['dtype']}, mean accepted length "
           f"{st['mean_accepted_length']:.2f}. Over the first {check} tokens: {fast_rate:.0f} "
-          f"tokens/s against {plain_rate:.0f} for plain decoding, so "
-          f"{fast_rate / plain_rate:.2f}x faster, and the tokens are "
+          f"tokens/s against {plain_rate:.0f} for plain decoding "
+          f"({fast_rate / plain_rate:.2f}x its speed), and the tokens are "
           f"{'identical' if same else 'DIFFERENT'}. Kernel profile: "
           f"{model.profile.describe() if model.profile else 'unknown'}")
     return 0 if same else 1
