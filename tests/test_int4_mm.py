@@ -109,8 +109,10 @@ def test_the_operator_passes_opcheck():
 def test_operands_of_the_wrong_shape_are_refused():
     packed, scale_min, _ = operands(64, 128, False, True)
     with pytest.raises(RuntimeError, match="k a multiple of 32"):
+        torch.ops.longspec.int4_mm(torch.zeros(2, 100, dtype=torch.bfloat16), packed, scale_min)
+    with pytest.raises(RuntimeError, match="of no format it takes"):
         torch.ops.longspec.int4_mm(torch.zeros(2, 96, dtype=torch.bfloat16), packed, scale_min)
-    with pytest.raises(RuntimeError, match="n a multiple of 16"):
+    with pytest.raises(RuntimeError, match="k a multiple of 32 and n a multiple of 16"):
         torch.ops.longspec.int4_mm(torch.zeros(2, 128, dtype=torch.bfloat16), packed[:40],
                                    scale_min[:40])
     with pytest.raises(RuntimeError, match="float16 or float32 scales"):

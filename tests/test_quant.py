@@ -23,6 +23,7 @@ from longspec.models.quant import (
     Blocks,
     k_factors,
     kernel_operands,
+    q6_factors,
     quantize_dense,
     sixteen_operands,
 )
@@ -130,6 +131,28 @@ def test_q4_k_scales_as_the_file_keeps_them_give_the_same_bits_in_fewer_bytes():
         assert torch.equal(compact(x), plain(x))
     torch.library.opcheck(torch.ops.longspec.int4_mm.default,
                           (x, compact.packed, compact.scale_zero),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not int4_mm(), reason="Q6_K as the file keeps it: int4_mm only")
+def test_q6_k_as_the_file_keeps_it_gives_the_same_bits_in_fewer_bytes():
+    """6-bit codes with int8 scales per 16 and float16 d per 256, multiplied out exactly: the
+    same outputs as from 8-bit codes and float32 scales per 16."""
+    blocks = gguf_matrix("Q6_K")
+    codes, scales = (torch.from_numpy(a) for a in sixteen_operands(blocks))
+    factors = tuple(torch.from_numpy(a) for a in q6_factors(blocks))
+    wide = Int4Linear(codes, scales, None, False, group=16)
+    packed = Int4Linear(codes, scales, None, False, group=16, factors=factors)
+    assert packed.packed.nbytes * 4 == wide.packed.nbytes * 3
+    assert packed.scale_zero.nbytes * 3 < wide.scale_zero.nbytes
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = (torch.randn(7, K, generator=g) * 3).to(dtype)
+        assert torch.equal(packed(x), wide(x))
+    torch.library.opcheck(torch.ops.longspec.int4_mm.default,
+                          (x, packed.packed, packed.scale_zero),
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
 

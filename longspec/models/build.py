@@ -22,6 +22,7 @@ from .quant import (
     concat_rows,
     k_factors,
     kernel_operands,
+    q6_factors,
     quantize_dense,
     sixteen_operands,
 )
@@ -60,7 +61,7 @@ def make_linear(w, bias, dtype: torch.dtype, device, quantize: str | None) -> nn
             and int4_mm()):
         codes, scales = sixteen_operands(w)
         return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales), None, False, b,
-                          group=16)
+                          group=16, factors=tuple(torch.from_numpy(a) for a in q6_factors(w)))
     weight = dense(w, dtype, device)
     if quantize is not None and _fits_kernel(tuple(weight.shape), device):
         codes, scales, mins, doubled = quantize_dense(weight.cpu(), quantize)

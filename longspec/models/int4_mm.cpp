@@ -24,8 +24,12 @@
 // K-quants (Q4_K), scale_min uint8 [n, k / 256, 20]: per tile and superblock of 256, its 16
 // outputs' float16 d and -dmin, then per group 16 six-bit scale codes and 16 min codes; a
 // group's scale is d * code and its min -dmin * code, exact in float32 (the values the float32
-// form holds, 4.6 bits a weight in all instead of 6). Checked against the
-// float64 product in tests/test_int4_mm.py.
+// form holds, 4.6 bits a weight in all instead of 6). Or, for Q6_K, codes uint8 [n, 3k / 4] of
+// 6 bits (q + 32: the 4-bit layout's nibbles, then per tile and group two blocks of 64 bytes of
+// the high 2 bits, lane j's in block j / 4 at bits 2 (j % 4)) and scale_min int8 [n, k / 256,
+// 18]: per tile and superblock its 16 outputs' float16 d, then per group the 16 scales of k
+// 0..15 and the 16 of k 16..31 (d * scale exact in float32, the per-16 float form's values).
+// Checked against the float64 product in tests/test_int4_mm.py.
 
 #include <torch/extension.h>
 
@@ -33,6 +37,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -113,17 +118,32 @@ inline Floats load_floats(const at::Half* p) {
 inline Floats load_floats(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
+inline Floats load_floats(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
 inline Ints load_ints(const uint8_t* p) { return _mm512_loadu_si512(p); }
 
-// A group's 8 blocks of codes as dpbusd's unsigned operands (8-bit ones shifted by 128).
+// A group's 8 blocks of codes as dpbusd's unsigned operands (8-bit ones shifted by 128, 6-bit
+// ones by 32).
 template <int BITS>
 inline void unpack(const uint8_t* p, Ints* u) {
-  const Ints low = _mm512_set1_epi8(0x0F);
-  if constexpr (BITS == 4) {
+  const Ints low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
+  if constexpr (BITS == 4 || BITS == 6) {
     for (int j = 0; j < 4; ++j) {
       const Ints b = load_ints(p + j * 64);
       u[j] = _mm512_and_si512(b, low);
       u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+    }
+    if constexpr (BITS == 6) {
+      for (int h = 0; h < 2; ++h) {
+        const Ints b = load_ints(p + 256 + h * 64);
+        u[4 * h] = _mm512_or_si512(u[4 * h], _mm512_and_si512(_mm512_slli_epi16(b, 4), high));
+        u[4 * h + 1] = _mm512_or_si512(u[4 * h + 1],
+                                       _mm512_and_si512(_mm512_slli_epi16(b, 2), high));
+        u[4 * h + 2] = _mm512_or_si512(u[4 * h + 2], _mm512_and_si512(b, high));
+        u[4 * h + 3] = _mm512_or_si512(u[4 * h + 3],
+                                       _mm512_and_si512(_mm512_srli_epi16(b, 2), high));
+      }
     }
   } else {
     const Ints bias = _mm512_set1_epi8(-128);
@@ -143,6 +163,7 @@ inline void group_dot(const Ints* u, const int8_t* qx, const int32_t* total, Int
     }
     half[h] = _mm512_add_epi32(even, odd);
     if constexpr (BITS == 8) half[h] = _mm512_sub_epi32(half[h], _mm512_set1_epi32(128 * total[h]));
+    if constexpr (BITS == 6) half[h] = _mm512_sub_epi32(half[h], _mm512_set1_epi32(32 * total[h]));
   }
 }
 
@@ -167,17 +188,32 @@ inline Floats load_floats(const at::Half* p) {
 inline Floats load_floats(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
+inline Floats load_floats(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
 inline Ints load_ints(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
 
-// A group's 8 blocks of codes for maddubs: 4-bit ones as they are, 8-bit ones signed.
+// A group's 8 blocks of codes for maddubs: 4-bit ones as they are, 6-bit ones shifted by 32,
+// 8-bit ones signed.
 template <int BITS>
 inline void unpack(const uint8_t* p, Ints* u) {
-  const Ints low = _mm256_set1_epi8(0x0F);
-  if constexpr (BITS == 4) {
+  const Ints low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+  if constexpr (BITS == 4 || BITS == 6) {
     for (int j = 0; j < 4; ++j) {
       const Ints b = load_ints(p + j * 64);
       u[j] = _mm256_and_si256(b, low);
       u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+    }
+    if constexpr (BITS == 6) {
+      for (int h = 0; h < 2; ++h) {
+        const Ints b = load_ints(p + 256 + h * 64);
+        u[4 * h] = _mm256_or_si256(u[4 * h], _mm256_and_si256(_mm256_slli_epi16(b, 4), high));
+        u[4 * h + 1] = _mm256_or_si256(u[4 * h + 1],
+                                       _mm256_and_si256(_mm256_slli_epi16(b, 2), high));
+        u[4 * h + 2] = _mm256_or_si256(u[4 * h + 2], _mm256_and_si256(b, high));
+        u[4 * h + 3] = _mm256_or_si256(u[4 * h + 3],
+                                       _mm256_and_si256(_mm256_srli_epi16(b, 2), high));
+      }
     }
   } else {
     for (int j = 0; j < 8; ++j) u[j] = load_ints(p + j * 64);
@@ -188,7 +224,7 @@ inline void unpack(const uint8_t* p, Ints* u) {
 // k 0..15 (half[0]) and 16..31 (half[1]). Signed codes go in as |code| and the activations take
 // their signs (|code| <= 128 and |qx| <= 127 keep maddubs' pair sums from saturating).
 template <int BITS>
-inline void group_dot(const Ints* u, const int8_t* qx, const int32_t*, Ints* half) {
+inline void group_dot(const Ints* u, const int8_t* qx, const int32_t* total, Ints* half) {
   const Ints ones = _mm256_set1_epi16(1);
   for (int h = 0; h < 2; ++h) {
     Ints even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
@@ -202,6 +238,7 @@ inline void group_dot(const Ints* u, const int8_t* qx, const int32_t*, Ints* hal
       (j % 2 ? odd : even) = _mm256_add_epi32(j % 2 ? odd : even, sums);
     }
     half[h] = _mm256_add_epi32(even, odd);
+    if constexpr (BITS == 6) half[h] = _mm256_sub_epi32(half[h], _mm256_set1_epi32(32 * total[h]));
   }
 }
 
@@ -221,8 +258,10 @@ template <int R, int BITS, bool SIXTEEN, typename S, typename Y>
 void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int64_t r0, Y* y) {
   const int64_t groups = w.groups, x_groups = q.groups;
   const uint8_t* codes = w.codes + t * groups * GROUP * TILE * BITS / 8 + lane0 * 4;
-  constexpr bool KQUANT = std::is_same_v<S, uint8_t>;
-  constexpr int64_t SUPER = 8, SUPER_BYTES = 4 * TILE + SUPER * 2 * TILE;   // K-quants'
+  // K-quants: per superblock float16 d and -dmin (Q4_K's uint8 codes) or d (Q6_K's int8 ones)
+  constexpr bool KQUANT = std::is_same_v<S, uint8_t> || std::is_same_v<S, int8_t>;
+  constexpr int64_t SUPER = 8, D_BYTES = (std::is_same_v<S, uint8_t> ? 2 : 1) * 2 * TILE;
+  constexpr int64_t SUPER_BYTES = D_BYTES + SUPER * 2 * TILE;
   [[maybe_unused]] const S* scale_min = w.scale_min + t * groups * 2 * TILE + lane0;
   [[maybe_unused]] const uint8_t* blocks =
       reinterpret_cast<const uint8_t*>(w.scale_min) + t * groups / SUPER * SUPER_BYTES;
@@ -234,10 +273,11 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
     Floats first, second;   // scales, and mins (or the scales of k 16..31)
     if constexpr (KQUANT) {
       const uint8_t* block = blocks + g / SUPER * SUPER_BYTES;
-      const at::Half* d = reinterpret_cast<const at::Half*>(block) + lane0;   // then -dmin
-      const uint8_t* group_codes = block + 4 * TILE + g % SUPER * 2 * TILE + lane0;
+      const at::Half* d = reinterpret_cast<const at::Half*>(block) + lane0;
+      const S* group_codes =
+          reinterpret_cast<const S*>(block + D_BYTES) + g % SUPER * 2 * TILE + lane0;
       first = mul(load_floats(group_codes), load_floats(d));
-      second = mul(load_floats(group_codes + TILE), load_floats(d + TILE));
+      second = mul(load_floats(group_codes + TILE), load_floats(SIXTEEN ? d : d + TILE));
     } else {
       first = load_floats(scale_min + g * 2 * TILE);
       second = load_floats(scale_min + g * 2 * TILE + TILE);
@@ -270,7 +310,7 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
              Y* y) {
   const Weights<S> w{static_cast<const uint8_t*>(codes.const_data_ptr()),
                      scale_min.const_data_ptr<S>(), codes.size(0),
-                     std::is_same_v<S, uint8_t> ? scale_min.size(1) * 8
+                     scale_min.dim() == 3 && scale_min.size(2) != 2 ? scale_min.size(1) * 8
                      : SIXTEEN ? scale_min.size(1) / 2 : scale_min.size(1)};
   at::parallel_for(0, w.n / TILE, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -289,56 +329,72 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
   });
 }
 
+// The operand formats (the header says each one's layout).
+enum class Format { Pairs4, Pairs8, Sixteen8, K4, K6 };
+
 template <typename X>
-void product_to(const Tensor& x, const Tensor& codes, const Tensor& scale_min, Tensor& y) {
+void product_to(const Tensor& x, Format format, const Tensor& codes, const Tensor& scale_min,
+                Tensor& y) {
   const int64_t rows = x.size(0), k = x.size(1);
   const Quantized q = quantize(x.const_data_ptr<X>(), rows, k);
   X* out = y.mutable_data_ptr<X>();
   const bool half = scale_min.scalar_type() == at::kHalf;
-  if (scale_min.scalar_type() == at::kByte)
-    product<4, false, uint8_t>(q, rows, codes, scale_min, out);
-  else if (scale_min.dim() == 2)
-    half ? product<8, true, at::Half>(q, rows, codes, scale_min, out)
-         : product<8, true, float>(q, rows, codes, scale_min, out);
-  else if (codes.scalar_type() == at::kChar)
-    half ? product<8, false, at::Half>(q, rows, codes, scale_min, out)
-         : product<8, false, float>(q, rows, codes, scale_min, out);
-  else
-    half ? product<4, false, at::Half>(q, rows, codes, scale_min, out)
-         : product<4, false, float>(q, rows, codes, scale_min, out);
+  switch (format) {
+    case Format::Pairs4:
+      half ? product<4, false, at::Half>(q, rows, codes, scale_min, out)
+           : product<4, false, float>(q, rows, codes, scale_min, out);
+      break;
+    case Format::Pairs8:
+      half ? product<8, false, at::Half>(q, rows, codes, scale_min, out)
+           : product<8, false, float>(q, rows, codes, scale_min, out);
+      break;
+    case Format::Sixteen8:
+      half ? product<8, true, at::Half>(q, rows, codes, scale_min, out)
+           : product<8, true, float>(q, rows, codes, scale_min, out);
+      break;
+    case Format::K4: product<4, false, uint8_t>(q, rows, codes, scale_min, out); break;
+    case Format::K6: product<6, true, int8_t>(q, rows, codes, scale_min, out); break;
+  }
 }
 
 Tensor int4_mm(const Tensor& x_, const Tensor& codes, const Tensor& scale_min) {
   const Tensor x = x_.contiguous();
-  const bool sixteen = scale_min.dim() == 2, wide = codes.scalar_type() == at::kChar;
-  const bool kquant = scale_min.scalar_type() == at::kByte;
-  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && scale_min.size(0) == codes.size(0) &&
-                  ((scale_min.dim() == 3 && scale_min.size(2) == (kquant ? 20 : 2)) ||
-                   (sixteen && wide)) && !(kquant && wide),
-              "int4_mm: x [m, k], codes [n, k' / 2] (or [n, k'] 8-bit) and scale_min "
-              "[n, k' / 32, 2] (or, with 8-bit codes, scales [n, k / 16]; or, with 4-bit "
-              "codes, K-quant scales uint8 [n, k' / 256, 20]) expected");
-  TORCH_CHECK((wide || codes.scalar_type() == at::kByte) && codes.is_contiguous() &&
-                  scale_min.is_contiguous() &&
-                  (scale_min.scalar_type() == at::kHalf ||
-                   scale_min.scalar_type() == at::kFloat || kquant),
-              "int4_mm: contiguous uint8 (4-bit) or int8 codes and float16 or float32 scales "
-              "and mins (or K-quant uint8 ones) expected");
-  const int64_t k = x.size(1),
-                groups = kquant ? scale_min.size(1) * 8 : sixteen ? scale_min.size(1) / 2
-                                                                  : scale_min.size(1);
-  TORCH_CHECK(k % GROUP == 0 && codes.size(0) % TILE == 0 &&
-                  codes.size(1) * (wide ? 1 : 2) == groups * GROUP &&
-                  (!sixteen || scale_min.size(1) % 2 == 0) &&
-                  (groups * GROUP == k || (!wide && groups * GROUP == 2 * k)),
-              "int4_mm: k a multiple of 32, k' k (or 2k for 4-bit codes) and n a multiple of "
-              "16 expected");
-  Tensor y = at::empty({x.size(0), codes.size(0)}, x.options());
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 2 && codes.is_contiguous() &&
+                  scale_min.is_contiguous() && scale_min.dim() >= 2 &&
+                  scale_min.size(0) == codes.size(0) && codes.size(0) % TILE == 0 &&
+                  x.size(1) % GROUP == 0,
+              "int4_mm: x [m, k], codes [n, ...] and scales [n, ...], contiguous, with k a "
+              "multiple of 32 and n a multiple of 16 expected");
+  const int64_t n = codes.size(0), k = x.size(1), width = codes.size(1);
+  const auto c = codes.scalar_type(), s = scale_min.scalar_type();
+  const bool floats = s == at::kHalf || s == at::kFloat;
+  const auto shaped = [&](std::vector<int64_t> shape) {
+    return scale_min.sizes() == c10::IntArrayRef(shape);
+  };
+  std::optional<Format> format;
+  if (c == at::kByte && floats && (2 * width == k || width == k) && shaped({n, width / 16, 2}))
+    format = Format::Pairs4;
+  else if (c == at::kChar && floats && width == k && shaped({n, k / 32, 2}))
+    format = Format::Pairs8;
+  else if (c == at::kChar && floats && width == k && shaped({n, k / 16}))
+    format = Format::Sixteen8;
+  else if (c == at::kByte && s == at::kByte && 2 * width == k && k % 256 == 0 &&
+           shaped({n, k / 256, 20}))
+    format = Format::K4;
+  else if (c == at::kByte && s == at::kChar && 4 * width == 3 * k && k % 256 == 0 &&
+           shaped({n, k / 256, 18}))
+    format = Format::K6;
+  TORCH_CHECK(format, "int4_mm: codes and scales of no format it takes: uint8 [n, k' / 2] "
+              "(4-bit, k' k or 2k) with float16 or float32 scales and mins [n, k' / 32, 2]; "
+              "int8 [n, k] with those [n, k / 32, 2] or scales [n, k / 16]; uint8 [n, k / 2] "
+              "with uint8 [n, k / 256, 20] (Q4_K); uint8 [n, 3k / 4] with int8 [n, k / 256, "
+              "18] (Q6_K)");
+  Tensor y = at::empty({x.size(0), n}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
-    product_to<at::BFloat16>(x, codes, scale_min, y);
+    product_to<at::BFloat16>(x, *format, codes, scale_min, y);
   } else {
     TORCH_CHECK(x.scalar_type() == at::kFloat, "int4_mm: bfloat16 or float32 activations");
-    product_to<float>(x, codes, scale_min, y);
+    product_to<float>(x, *format, codes, scale_min, y);
   }
   return y;
 }

@@ -145,14 +145,39 @@ def pack_int4_mm_k(codes: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor,
     out, supers = d.shape
     tiles = out // 16
 
-    def per_tile(v: torch.Tensor) -> torch.Tensor:   # [out, supers] -> [tiles, supers, 32] bytes
-        return v.half().view(tiles, 16, supers).transpose(1, 2).contiguous().view(torch.uint8)
-
     group_codes = torch.stack([scale_codes.to(torch.uint8).view(tiles, 16, supers, 8),
                                min_codes.to(torch.uint8).view(tiles, 16, supers, 8)], 3)
     group_codes = group_codes.permute(0, 2, 4, 3, 1).reshape(tiles, supers, 256)
-    scales = torch.cat([per_tile(d), per_tile(-dmin), group_codes], -1)
+    scales = torch.cat([_tile_halves(d), _tile_halves(-dmin), group_codes], -1)
     return _tile_codes(codes, 4), scales.reshape(out, supers, 20).contiguous()
+
+
+def pack_int4_mm_6(codes: torch.Tensor, d: torch.Tensor, scales: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """longspec::int4_mm's operands for Q6_K (W = d sc q per 16, q in -32..31, d float16 per 256,
+    sc int8 per 16): uint8 [out, 3K / 4], per tile and group the nibbles of q + 32 as
+    pack_int4_mm lays 4-bit codes, then two blocks of 64 bytes of their high 2 bits (lane j's in
+    block j // 4 at bits 2 (j % 4)); int8 [out, K / 256, 18], per tile and superblock the 16
+    d as float16, then per group the 16 sc of k 0..15 and the 16 of k 16..31."""
+    out, k = codes.shape
+    tiles, groups, supers = out // 16, k // 32, k // 256
+    u = codes.to(torch.int32) + 32
+    nibbles = _tile_codes(u & 15, 4).view(tiles, groups, 256)
+    high = ((u >> 4) & 3).view(tiles, 16, groups, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)
+    shift = torch.tensor([0, 2, 4, 6]).view(1, 1, 1, 4, 1, 1)
+    high = (high << shift).sum(3).to(torch.uint8).reshape(tiles, groups, 128)
+    packed = torch.cat([nibbles, high], -1).reshape(out, 3 * k // 4)
+    sc = scales.to(torch.int8).view(tiles, 16, supers, 8, 2).permute(0, 2, 3, 4, 1)
+    block = torch.cat([_tile_halves(d), sc.reshape(tiles, supers, 256).view(torch.uint8)], -1)
+    return packed.contiguous(), block.view(torch.int8).reshape(out, supers, 18).contiguous()
+
+
+def _tile_halves(v: torch.Tensor) -> torch.Tensor:
+    """[out, supers] float16 values -> [out / 16, supers, 32] bytes: per tile and superblock
+    its 16 outputs' values."""
+    out, supers = v.shape
+    return (v.half().view(out // 16, 16, supers).transpose(1, 2).contiguous()
+            .view(torch.uint8))
 
 
 def _tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -201,8 +226,8 @@ class Int4Linear(nn.Module):
         """codes int32 [out, K'] in 0..15; scales, mins float32 [out, K' / group]. Or, with
         group 16 and no mins, signed 8-bit codes [out, K] with a scale per 16 (Q6_K), which only
         longspec::int4_mm takes (`int4_mm()`, out a multiple of 16). `factors` (d, dmin, sc, m)
-        of a K-quant (scales = d sc, mins = -dmin m) let int4_mm read them as the file keeps
-        them (same values, fewer bytes)."""
+        of a K-quant (scales = d sc, mins = -dmin m), or (d, sc) of Q6_K (scales = d sc), let
+        int4_mm read them as the file keeps them (same values, fewer bytes)."""
         super().__init__()
         self.group = group
         self.doubled = doubled
@@ -215,7 +240,8 @@ class Int4Linear(nn.Module):
         if mins is None:
             if not self.int4_mm:
                 raise ValueError("scales per 16 without mins need longspec::int4_mm")
-            packed, scale_zero = pack_int4_mm_16(codes, scales)
+            packed, scale_zero = (pack_int4_mm_6(codes, *factors) if factors is not None
+                                  else pack_int4_mm_16(codes, scales))
         elif joined is not None:      # one 8-bit group where there were two 4-bit ones
             self.doubled = False
             pack = pack_amx if self.amx is not None else pack_int4_mm

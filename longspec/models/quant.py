@@ -112,6 +112,15 @@ def k_factors(blocks: Blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
             mn.astype(np.uint8).reshape(n, k // 32))
 
 
+def q6_factors(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
+    """(d float32 [out, K / 256], sc int8 [out, K / 16]) of a Q6_K matrix, whose
+    sixteen_operands scales are d sc."""
+    n, k = blocks.shape
+    b = blocks.raw.reshape(n, k // 256, 210)
+    return (_f16(b[..., 208:210]),
+            np.ascontiguousarray(b[..., 192:208]).view(np.int8).reshape(n, k // 16))
+
+
 def sixteen_operands(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
     """(codes int8 [out, K] in -32..31, scales float32 [out, K / 16]) of a Q6_K matrix: the
     weights are codes * scales exactly, as `gguf.quants.dequantize` gives them."""
