@@ -14,9 +14,11 @@ formats map onto it exactly (every value in float32 equals `gguf.quants.dequanti
 | Q5_K | [low nibble, high bit+8] | [d sc, 16 d sc]| [-dmin mn, -128 d sc]      | 2K  |
 
 (2K: two 4-bit halves along K, the activations given twice.) Q6_K has a scale per 16 weights,
-finer than those groups: longspec::int4_mm takes it as signed 8-bit codes q - 32 with the scales
-d sc per 16 and no mins (`sixteen_operands`); the other kernels take it dense. How each kernel
-rounds the scales and mins is Int4Linear's to say (tests and BENCHMARKS.md give the bounds).
+finer than those groups: longspec::int4_mm takes it as signed codes q - 32 with the scales d sc
+per 16 and no mins (`sixteen_operands`), kept as 6 bits with d and sc apart (`q6_factors`); the
+other kernels take it dense. int4_mm also takes Q4_K's d, dmin, sc and mn apart (`k_factors`).
+How each kernel rounds the scales and mins is Int4Linear's to say (tests and BENCHMARKS.md give
+the bounds).
 """
 
 from __future__ import annotations
