@@ -97,3 +97,11 @@ def assert_matches_ar(model, prompt, method: str, max_new_tokens: int,
         if len(res.token_ids) == len(ref.token_ids) else
         f"{method} wrote {len(res.token_ids)} tokens, ar {len(ref.token_ids)}")
     return res
+
+
+def opcheck_int4_mm(x, codes, scales) -> None:
+    """PyTorch's operator checks (schema, fake tensors, autograd registration) on
+    longspec::int4_mm with these operands."""
+    torch.library.opcheck(torch.ops.longspec.int4_mm.default, (x, codes, scales),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))

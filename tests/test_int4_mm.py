@@ -1,12 +1,15 @@
 """longspec::int4_mm (models/int4_mm.cpp), the int4 product of CPUs with AVX2 or AVX-512: a
 registered operator whose rows do not depend on how many there are, within int8 activation
-rounding of the exact product, for 4-bit matrices and doubled ones (two halves), float16 and
-float32 scales, with the same bits on every CPU it builds for."""
+rounding of the exact product, for 4-bit matrices and doubled ones (two halves), 8-bit ones
+with scales per 32 or per 16 (Q6_K's form), float16 and float32 scales, with the same bits on
+every CPU it builds for. The K-quant formats (Q4_K's and Q6_K's scales as the file keeps them)
+are tested against these in test_quant.py."""
 
 import hashlib
 
 import pytest
 import torch
+from helpers import opcheck_int4_mm
 
 from longspec.models.compiled import extension, int4_mm_built
 from longspec.models.linear import pack_int4_mm, pack_int4_mm_16
@@ -101,9 +104,7 @@ def test_the_operator_passes_opcheck():
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(4)).bfloat16()
     for bits in (4, 8, 6):
         packed, scale_min, _ = operands(64, 128, bits == 4, True, bits)
-        torch.library.opcheck(torch.ops.longspec.int4_mm.default, (x, packed, scale_min),
-                              test_utils=("test_schema", "test_faketensor",
-                                          "test_autograd_registration"))
+        opcheck_int4_mm(x, packed, scale_min)
 
 
 def test_operands_of_the_wrong_shape_are_refused():

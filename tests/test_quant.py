@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from gguf_writer import K_QUANTS, encode, reference, write_gguf
-from helpers import assert_matches_ar, make_checkpoint, our_logits
+from helpers import assert_matches_ar, make_checkpoint, opcheck_int4_mm, our_logits
 
 import longspec
 from longspec.models.compiled import int4_mm
@@ -129,10 +129,7 @@ def test_q4_k_scales_as_the_file_keeps_them_give_the_same_bits_in_fewer_bytes():
     for dtype in (torch.bfloat16, torch.float32):
         x = (torch.randn(7, K, generator=g) * 3).to(dtype)
         assert torch.equal(compact(x), plain(x))
-    torch.library.opcheck(torch.ops.longspec.int4_mm.default,
-                          (x, compact.packed, compact.scale_zero),
-                          test_utils=("test_schema", "test_faketensor",
-                                      "test_autograd_registration"))
+    opcheck_int4_mm(x, compact.packed, compact.scale_zero)
 
 
 @pytest.mark.unit
@@ -151,10 +148,7 @@ def test_q6_k_as_the_file_keeps_it_gives_the_same_bits_in_fewer_bytes():
     for dtype in (torch.bfloat16, torch.float32):
         x = (torch.randn(7, K, generator=g) * 3).to(dtype)
         assert torch.equal(packed(x), wide(x))
-    torch.library.opcheck(torch.ops.longspec.int4_mm.default,
-                          (x, packed.packed, packed.scale_zero),
-                          test_utils=("test_schema", "test_faketensor",
-                                      "test_autograd_registration"))
+    opcheck_int4_mm(x, packed.packed, packed.scale_zero)
 
 
 @pytest.mark.unit
