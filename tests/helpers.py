@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import torch
+from torch import library
 
 import longspec
 
@@ -102,6 +103,5 @@ def assert_matches_ar(model, prompt, method: str, max_new_tokens: int,
 def opcheck_int4_mm(x, codes, scales) -> None:
     """PyTorch's operator checks (schema, fake tensors, autograd registration) on
     longspec::int4_mm with these operands."""
-    torch.library.opcheck(torch.ops.longspec.int4_mm.default, (x, codes, scales),
-                          test_utils=("test_schema", "test_faketensor",
-                                      "test_autograd_registration"))
+    library.opcheck(torch.ops.longspec.int4_mm.default, (x, codes, scales),
+                    test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

@@ -113,42 +113,37 @@ def test_q6_k_layer_weights_are_within_bfloat16_rounding_of_gguf():
     assert (ours - gguf_values.reshape(N, K)).abs().max() <= gguf_values.abs().max() * 2.0 ** -8
 
 
+def as_the_file_keeps_it(qtype: str) -> tuple[Int4Linear, Int4Linear]:
+    """(the layer from float32 scales, the layer from the file's own scale codes) of a Q4_K
+    (scales d sc and mins -dmin m) or Q6_K (scales d sc per 16) matrix."""
+    blocks = gguf_matrix(qtype)
+    if qtype == "Q4_K":
+        codes, scales, mins = (torch.from_numpy(a) for a in kernel_operands(blocks)[:3])
+        factors = tuple(torch.from_numpy(a) for a in k_factors(blocks))
+        return (Int4Linear(codes, scales, mins, False),
+                Int4Linear(codes, scales, mins, False, factors=factors))
+    codes, scales = (torch.from_numpy(a) for a in sixteen_operands(blocks))
+    factors = tuple(torch.from_numpy(a) for a in q6_factors(blocks))
+    return (Int4Linear(codes, scales, None, False, group=16),
+            Int4Linear(codes, scales, None, False, group=16, factors=factors))
+
+
 @pytest.mark.unit
-@pytest.mark.skipif(not int4_mm(), reason="K-quant scales as the file keeps them: int4_mm only")
-def test_q4_k_scales_as_the_file_keeps_them_give_the_same_bits_in_fewer_bytes():
-    """int4_mm reads Q4_K's float16 d and dmin per 256 and 6-bit codes per 32 and multiplies
-    them out exactly: the same outputs as from the float32 scales and mins."""
-    blocks = gguf_matrix("Q4_K")
-    codes, scales, mins = (torch.from_numpy(a) for a in kernel_operands(blocks)[:3])
-    factors = tuple(torch.from_numpy(a) for a in k_factors(blocks))
-    plain = Int4Linear(codes, scales, mins, False)
-    compact = Int4Linear(codes, scales, mins, False, factors=factors)
-    assert compact.scale_zero.dtype == torch.uint8
+@pytest.mark.skipif(not int4_mm(), reason="K-quants as the file keeps them: int4_mm only")
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_k_quants_as_the_file_keeps_them_give_the_same_bits_in_fewer_bytes(qtype):
+    """int4_mm reads Q4_K's float16 d and dmin per 256 with 6-bit codes per 32, and Q6_K's
+    6-bit weights with int8 scales per 16 and float16 d per 256, multiplying the scales out
+    exactly: the same outputs as from float32 scales (and, for Q6_K, 8-bit codes)."""
+    plain, compact = as_the_file_keeps_it(qtype)
     assert compact.scale_zero.nbytes * 3 < plain.scale_zero.nbytes
+    if qtype == "Q6_K":
+        assert compact.packed.nbytes * 4 == plain.packed.nbytes * 3
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
         x = (torch.randn(7, K, generator=g) * 3).to(dtype)
         assert torch.equal(compact(x), plain(x))
     opcheck_int4_mm(x, compact.packed, compact.scale_zero)
-
-
-@pytest.mark.unit
-@pytest.mark.skipif(not int4_mm(), reason="Q6_K as the file keeps it: int4_mm only")
-def test_q6_k_as_the_file_keeps_it_gives_the_same_bits_in_fewer_bytes():
-    """6-bit codes with int8 scales per 16 and float16 d per 256, multiplied out exactly: the
-    same outputs as from 8-bit codes and float32 scales per 16."""
-    blocks = gguf_matrix("Q6_K")
-    codes, scales = (torch.from_numpy(a) for a in sixteen_operands(blocks))
-    factors = tuple(torch.from_numpy(a) for a in q6_factors(blocks))
-    wide = Int4Linear(codes, scales, None, False, group=16)
-    packed = Int4Linear(codes, scales, None, False, group=16, factors=factors)
-    assert packed.packed.nbytes * 4 == wide.packed.nbytes * 3
-    assert packed.scale_zero.nbytes * 3 < wide.scale_zero.nbytes
-    g = torch.Generator().manual_seed(0)
-    for dtype in (torch.bfloat16, torch.float32):
-        x = (torch.randn(7, K, generator=g) * 3).to(dtype)
-        assert torch.equal(packed(x), wide(x))
-    opcheck_int4_mm(x, packed.packed, packed.scale_zero)
 
 
 @pytest.mark.unit

@@ -53,8 +53,8 @@ def make_linear(w, bias, dtype: torch.dtype, device, quantize: str | None) -> nn
     b = None if bias is None else dense(bias, dtype, device)
     if isinstance(w, Blocks) and w.qtype in KERNEL_TYPES and _fits_kernel(w.shape, device):
         codes, scales, mins, doubled = kernel_operands(w)
-        factors = (tuple(torch.from_numpy(a) for a in k_factors(w)) if w.qtype == "Q4_K"
-                   else None)
+        factors = (tuple(torch.from_numpy(a) for a in k_factors(w))
+                   if w.qtype == "Q4_K" and int4_mm() else None)
         return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales),
                           torch.from_numpy(mins), doubled, b, factors=factors)
     if (isinstance(w, Blocks) and w.qtype in SIXTEEN_TYPES and _fits_kernel(w.shape, device)

@@ -123,51 +123,32 @@ inline Floats load_floats(const int8_t* p) {
 }
 inline Ints load_ints(const uint8_t* p) { return _mm512_loadu_si512(p); }
 
-// A group's 8 blocks of codes as dpbusd's unsigned operands (8-bit ones shifted by 128, 6-bit
-// ones by 32).
-template <int BITS>
-inline void unpack(const uint8_t* p, Ints* u) {
-  const Ints low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
-  if constexpr (BITS == 4 || BITS == 6) {
-    for (int j = 0; j < 4; ++j) {
-      const Ints b = load_ints(p + j * 64);
-      u[j] = _mm512_and_si512(b, low);
-      u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
-    }
-    if constexpr (BITS == 6) {
-      for (int h = 0; h < 2; ++h) {
-        const Ints b = load_ints(p + 256 + h * 64);
-        u[4 * h] = _mm512_or_si512(u[4 * h], _mm512_and_si512(_mm512_slli_epi16(b, 4), high));
-        u[4 * h + 1] = _mm512_or_si512(u[4 * h + 1],
-                                       _mm512_and_si512(_mm512_slli_epi16(b, 2), high));
-        u[4 * h + 2] = _mm512_or_si512(u[4 * h + 2], _mm512_and_si512(b, high));
-        u[4 * h + 3] = _mm512_or_si512(u[4 * h + 3],
-                                       _mm512_and_si512(_mm512_srli_epi16(b, 2), high));
-      }
-    }
-  } else {
-    const Ints bias = _mm512_set1_epi8(-128);
-    for (int j = 0; j < 8; ++j) u[j] = _mm512_xor_si512(load_ints(p + j * 64), bias);
-  }
-}
+// Byte-wise operations for unpack: a byte in every lane, and, or, 16-bit shifts.
+inline Ints bytes(int8_t v) { return _mm512_set1_epi8(v); }
+inline Ints both(Ints a, Ints b) { return _mm512_and_si512(a, b); }
+inline Ints either(Ints a, Ints b) { return _mm512_or_si512(a, b); }
+template <int N> inline Ints left(Ints a) { return _mm512_slli_epi16(a, N); }
+template <int N> inline Ints right(Ints a) { return _mm512_srli_epi16(a, N); }
+// 8-bit codes as dpbusd's unsigned operand: shifted by 128 (group_dot takes 128 sum(qx) off)
+inline Ints wide_codes(Ints a) { return _mm512_xor_si512(a, bytes(-128)); }
 
 // Each lane's exact dot products of its output's codes with the group's activations qx, over
-// k 0..15 (half[0]) and 16..31 (half[1]); `total` qx's sums over them.
-template <int BITS>
-inline void group_dot(const Ints* u, const int8_t* qx, const int32_t* total, Ints* half) {
-  for (int h = 0; h < 2; ++h) {
+// k 0..31 (PARTS 1: part[0]) or over k 0..15 and 16..31 (PARTS 2); `total` qx's sums over
+// its halves.
+template <int BITS, int PARTS>
+inline void group_dot(const Ints* u, const int8_t* qx, const int32_t* total, Ints* part) {
+  for (int h = 0; h < PARTS; ++h) {
     Ints even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
-    for (int j = 4 * h; j < 4 * h + 4; j += 2) {
+    for (int j = 8 / PARTS * h; j < 8 / PARTS * (h + 1); j += 2) {
       even = _mm512_dpbusd_epi32(even, u[j], _mm512_set1_epi32(four(qx + 4 * j)));
       odd = _mm512_dpbusd_epi32(odd, u[j + 1], _mm512_set1_epi32(four(qx + 4 * j + 4)));
     }
-    half[h] = _mm512_add_epi32(even, odd);
-    if constexpr (BITS == 8) half[h] = _mm512_sub_epi32(half[h], _mm512_set1_epi32(128 * total[h]));
-    if constexpr (BITS == 6) half[h] = _mm512_sub_epi32(half[h], _mm512_set1_epi32(32 * total[h]));
+    part[h] = _mm512_add_epi32(even, odd);
+    const int32_t sum = PARTS == 2 ? total[h] : total[0] + total[1];
+    if constexpr (BITS == 8) part[h] = _mm512_sub_epi32(part[h], _mm512_set1_epi32(128 * sum));
+    if constexpr (BITS == 6) part[h] = _mm512_sub_epi32(part[h], _mm512_set1_epi32(32 * sum));
   }
 }
-
-inline Ints add_ints(Ints a, Ints b) { return _mm512_add_epi32(a, b); }
 
 inline Floats to_floats(Ints v) { return _mm512_cvtepi32_ps(v); }
 inline Floats fma(Floats a, Floats b, Floats c) { return _mm512_fmadd_ps(a, b, c); }
@@ -193,42 +174,25 @@ inline Floats load_floats(const int8_t* p) {
 }
 inline Ints load_ints(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
 
-// A group's 8 blocks of codes for maddubs: 4-bit ones as they are, 6-bit ones shifted by 32,
-// 8-bit ones signed.
-template <int BITS>
-inline void unpack(const uint8_t* p, Ints* u) {
-  const Ints low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
-  if constexpr (BITS == 4 || BITS == 6) {
-    for (int j = 0; j < 4; ++j) {
-      const Ints b = load_ints(p + j * 64);
-      u[j] = _mm256_and_si256(b, low);
-      u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
-    }
-    if constexpr (BITS == 6) {
-      for (int h = 0; h < 2; ++h) {
-        const Ints b = load_ints(p + 256 + h * 64);
-        u[4 * h] = _mm256_or_si256(u[4 * h], _mm256_and_si256(_mm256_slli_epi16(b, 4), high));
-        u[4 * h + 1] = _mm256_or_si256(u[4 * h + 1],
-                                       _mm256_and_si256(_mm256_slli_epi16(b, 2), high));
-        u[4 * h + 2] = _mm256_or_si256(u[4 * h + 2], _mm256_and_si256(b, high));
-        u[4 * h + 3] = _mm256_or_si256(u[4 * h + 3],
-                                       _mm256_and_si256(_mm256_srli_epi16(b, 2), high));
-      }
-    }
-  } else {
-    for (int j = 0; j < 8; ++j) u[j] = load_ints(p + j * 64);
-  }
-}
+// Byte-wise operations for unpack: a byte in every lane, and, or, 16-bit shifts.
+inline Ints bytes(int8_t v) { return _mm256_set1_epi8(v); }
+inline Ints both(Ints a, Ints b) { return _mm256_and_si256(a, b); }
+inline Ints either(Ints a, Ints b) { return _mm256_or_si256(a, b); }
+template <int N> inline Ints left(Ints a) { return _mm256_slli_epi16(a, N); }
+template <int N> inline Ints right(Ints a) { return _mm256_srli_epi16(a, N); }
+// 8-bit codes stay signed (group_dot gives maddubs their absolute values and signs)
+inline Ints wide_codes(Ints a) { return a; }
 
 // Each lane's exact dot products of its output's codes with the group's activations qx, over
-// k 0..15 (half[0]) and 16..31 (half[1]). Signed codes go in as |code| and the activations take
-// their signs (|code| <= 128 and |qx| <= 127 keep maddubs' pair sums from saturating).
-template <int BITS>
-inline void group_dot(const Ints* u, const int8_t* qx, const int32_t* total, Ints* half) {
+// k 0..31 (PARTS 1: part[0]) or over k 0..15 and 16..31 (PARTS 2); `total` qx's sums over its
+// halves. Signed codes go in as |code| and the activations take their signs (|code| <= 128 and
+// |qx| <= 127 keep maddubs' pair sums from saturating).
+template <int BITS, int PARTS>
+inline void group_dot(const Ints* u, const int8_t* qx, const int32_t* total, Ints* part) {
   const Ints ones = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < PARTS; ++h) {
     Ints even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-    for (int j = 4 * h; j < 4 * h + 4; ++j) {
+    for (int j = 8 / PARTS * h; j < 8 / PARTS * (h + 1); ++j) {
       Ints x = _mm256_set1_epi32(four(qx + 4 * j)), codes = u[j];
       if constexpr (BITS == 8) {
         x = _mm256_sign_epi8(x, codes);
@@ -237,12 +201,11 @@ inline void group_dot(const Ints* u, const int8_t* qx, const int32_t* total, Int
       const Ints sums = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), ones);
       (j % 2 ? odd : even) = _mm256_add_epi32(j % 2 ? odd : even, sums);
     }
-    half[h] = _mm256_add_epi32(even, odd);
-    if constexpr (BITS == 6) half[h] = _mm256_sub_epi32(half[h], _mm256_set1_epi32(32 * total[h]));
+    part[h] = _mm256_add_epi32(even, odd);
+    const int32_t sum = PARTS == 2 ? total[h] : total[0] + total[1];
+    if constexpr (BITS == 6) part[h] = _mm256_sub_epi32(part[h], _mm256_set1_epi32(32 * sum));
   }
 }
-
-inline Ints add_ints(Ints a, Ints b) { return _mm256_add_epi32(a, b); }
 
 inline Floats to_floats(Ints v) { return _mm256_cvtepi32_ps(v); }
 inline Floats fma(Floats a, Floats b, Floats c) { return _mm256_fmadd_ps(a, b, c); }
@@ -252,6 +215,32 @@ inline Floats broadcast(float v) { return _mm256_set1_ps(v); }
 inline Floats zeros() { return _mm256_setzero_ps(); }
 inline void store(float* p, Floats v) { _mm256_storeu_ps(p, v); }
 #endif
+
+// A group's 8 lanes of codes (k 4j..4j+3 for lane j) as group_dot takes them: 4-bit ones as
+// they are, 6-bit ones (nibbles, then the high bits' blocks) shifted by 32, 8-bit ones as
+// wide_codes gives them.
+template <int BITS>
+inline void unpack(const uint8_t* p, Ints* u) {
+  if constexpr (BITS == 8) {
+    for (int j = 0; j < 8; ++j) u[j] = wide_codes(load_ints(p + j * 64));
+  } else {
+    const Ints low = bytes(0x0F), high = bytes(0x30);
+    for (int j = 0; j < 4; ++j) {
+      const Ints b = load_ints(p + j * 64);
+      u[j] = both(b, low);
+      u[j + 4] = both(right<4>(b), low);
+    }
+    if constexpr (BITS == 6) {
+      for (int h = 0; h < 2; ++h) {   // lane 4h + m's high bits at bits 2m, 2m + 1
+        const Ints b = load_ints(p + 256 + h * 64);
+        u[4 * h] = either(u[4 * h], both(left<4>(b), high));
+        u[4 * h + 1] = either(u[4 * h + 1], both(left<2>(b), high));
+        u[4 * h + 2] = either(u[4 * h + 2], both(b, high));
+        u[4 * h + 3] = either(u[4 * h + 3], both(right<2>(b), high));
+      }
+    }
+  }
+}
 
 // Rows [r0, r0 + R) of lanes [lane0, lane0 + LANES) of tile t; SIXTEEN: scales per 16, no mins.
 template <int R, int BITS, bool SIXTEEN, typename S, typename Y>
@@ -285,14 +274,15 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
     const int64_t gx = g < x_groups ? g : g - x_groups;   // doubled: the second half's x
     for (int r = 0; r < R; ++r) {
       const int64_t i = (r0 + r) * x_groups + gx;
-      Ints half[2];
-      group_dot<BITS>(u, q.codes.data() + i * GROUP, q.half_total.data() + 2 * i, half);
+      Ints part[2];
+      group_dot<BITS, SIXTEEN ? 2 : 1>(u, q.codes.data() + i * GROUP,
+                                       q.half_total.data() + 2 * i, part);
       const Floats step = broadcast(q.step[i]);
       if constexpr (SIXTEEN) {
-        acc[r] = fma(to_floats(half[0]), mul(first, step), acc[r]);
-        acc[r] = fma(to_floats(half[1]), mul(second, step), acc[r]);
+        acc[r] = fma(to_floats(part[0]), mul(first, step), acc[r]);
+        acc[r] = fma(to_floats(part[1]), mul(second, step), acc[r]);
       } else {
-        acc[r] = fma(to_floats(add_ints(half[0], half[1])), mul(first, step), acc[r]);
+        acc[r] = fma(to_floats(part[0]), mul(first, step), acc[r]);
         offset[r] = fma(second, broadcast(q.sum[i]), offset[r]);
       }
     }
@@ -310,8 +300,7 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
              Y* y) {
   const Weights<S> w{static_cast<const uint8_t*>(codes.const_data_ptr()),
                      scale_min.const_data_ptr<S>(), codes.size(0),
-                     scale_min.dim() == 3 && scale_min.size(2) != 2 ? scale_min.size(1) * 8
-                     : SIXTEEN ? scale_min.size(1) / 2 : scale_min.size(1)};
+                     codes.size(1) * 8 / (BITS * GROUP)};
   at::parallel_for(0, w.n / TILE, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t lane0 = 0; lane0 < TILE; lane0 += LANES) {
