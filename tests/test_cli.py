@@ -8,6 +8,7 @@ import pytest
 
 import longspec
 from longspec.cli import main
+from longspec.cli.demo import CHAT_PROMPT
 
 STATS_KEYS = {"new_tokens", "steps", "drafted_tokens", "accepted_draft_tokens", "acceptance_rate",
               "mean_accepted_length", "prefill_s", "decode_s", "tokens_per_s", "peak_memory_bytes",
@@ -71,14 +72,15 @@ def test_demo_on_smollm2_exits_0_with_an_answer_that_does_not_loop(capsys):
         longspec.fetch_model("smollm2")
     except ValueError as e:
         pytest.skip(f"no network: {e}")
-    assert main(["demo", "--max-new-tokens", "400"]) == 0
-    out = capsys.readouterr().out
-    answer = out[out.index("```", out.index("return the whole module")) + 3:
-                 out.index("[longspec demo]")]
+    assert main(["demo"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    answer = out[out.index(CHAT_PROMPT) + len(CHAT_PROMPT):out.index("[longspec demo]")]
     words = answer.split()
     grams = [tuple(words[i:i + 4]) for i in range(len(words) - 3)]
     assert len(words) > 100 and len(set(grams)) / len(grams) > 0.8
     assert "the tokens are identical" in out
+    assert "generate:" not in captured.err      # the streamed text is the progress
 
 
 def test_fetch_command_prints_where_the_model_is(tmp_path, monkeypatch, capsys):

