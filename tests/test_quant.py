@@ -18,7 +18,7 @@ from helpers import assert_matches_ar, make_checkpoint, opcheck_int4_mm, our_log
 
 import longspec
 from longspec.models.compiled import int4_mm
-from longspec.models.linear import Int4Linear, joined_halves
+from longspec.models.linear import Int4Linear, RowParts, joined_halves
 from longspec.models.quant import (
     Blocks,
     k_factors,
@@ -214,6 +214,8 @@ def mixed_gguf(tmp_path_factory):
     # Q6_K (ffn_down) kept as 8-bit codes where longspec::int4_mm runs, else dense
     down = model.net.layers[0].w_down
     assert isinstance(down, Int4Linear) == int4_mm()
+    # q|k in Q4_K beside v in Q6_K: one product of two quantized parts there, else dense
+    assert isinstance(model.net.layers[0].wqkv, RowParts) == int4_mm()
     return model
 
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from .compiled import int4_mm
 from .config import ModelConfig
-from .linear import DenseLinear, Int4Linear
+from .linear import DenseLinear, Int4Linear, RowParts
 from .quant import (
     KERNEL_TYPES,
     SIXTEEN_TYPES,
@@ -70,13 +70,30 @@ def make_linear(w, bias, dtype: torch.dtype, device, quantize: str | None) -> nn
     return DenseLinear(weight, b)
 
 
-def _fuse(parts: list, dtype, device) -> torch.Tensor | Blocks:
-    """Rows of several weights as one: blocks stay blocks when they share a format."""
+def fused_linear(parts: list, bias, dtype: torch.dtype, device, quantize: str | None
+                 ) -> nn.Module:
+    """One product over the rows of several weights (q|k|v, gate|up). Blocks of one format
+    stay one matrix; blocks of several formats the kernels keep (Q4_K_M's q|k in Q4_K with v in
+    Q6_K) stay quantized as one matrix per run of a format, their outputs side by side;
+    anything else is one dense matrix."""
     if all(isinstance(p, Blocks) for p in parts):
         fused = concat_rows(parts)
         if fused is not None:
-            return fused
-    return torch.cat([dense(p, dtype, device) for p in parts])
+            return make_linear(fused, bias, dtype, device, quantize)
+        runs = [[parts[0]]]
+        for part in parts[1:]:
+            if part.qtype == runs[-1][0].qtype:
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        rows = [sum(p.shape[0] for p in run) for run in runs]
+        biases = [None] * len(runs) if bias is None else list(bias.split(rows))
+        modules = [make_linear(concat_rows(run), b, dtype, device, quantize)
+                   for run, b in zip(runs, biases)]
+        if all(isinstance(m, Int4Linear) for m in modules):
+            return RowParts(modules)
+    return make_linear(torch.cat([dense(p, dtype, device) for p in parts]), bias, dtype, device,
+                       quantize)
 
 
 def _layer(t: dict, i: int, c: ModelConfig, dtype, device, quantize) -> dict:
@@ -99,6 +116,9 @@ def _layer(t: dict, i: int, c: ModelConfig, dtype, device, quantize) -> dict:
     def linear(w, bias=None) -> nn.Module:
         return make_linear(w, bias, dtype, device, quantize)
 
+    def fused(parts: list, bias) -> nn.Module:
+        return fused_linear(parts, bias, dtype, device, quantize)
+
     h, d = c.hidden_size, c.head_dim
     attn = "self_attn."
     qkv = [get(attn + "q_proj.weight", (c.num_heads * d, h)),
@@ -118,9 +138,9 @@ def _layer(t: dict, i: int, c: ModelConfig, dtype, device, quantize) -> dict:
     w = {
         "attn_norm": dense(get("input_layernorm.weight", (h,)), dtype, device),
         "mlp_norm": dense(get("post_attention_layernorm.weight", (h,)), dtype, device),
-        "wqkv": linear(_fuse(qkv, dtype, device), qkv_bias),
+        "wqkv": fused(qkv, qkv_bias),
         "wo": linear(get(attn + "o_proj.weight", (h, c.num_heads * d)), opt(attn + "o_proj.bias")),
-        "w_gate_up": linear(_fuse(gate_up, dtype, device), gate_up_bias),
+        "w_gate_up": fused(gate_up, gate_up_bias),
         "w_down": linear(get("mlp.down_proj.weight", (h, c.intermediate_size)),
                          opt("mlp.down_proj.bias")),
     }

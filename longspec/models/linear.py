@@ -285,3 +285,17 @@ class Int4Linear(nn.Module):
             y = y + self.bias
         # a no-op cast still costs a framework call (~2 us); a step makes ~120 of these
         return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
+
+
+class RowParts(nn.Module):
+    """One product whose rows come in parts of different kernel formats (a fused q|k|v whose v
+    is quantized otherwise than q and k): each part's product, the outputs side by side. Every
+    output is its part's, so the product is as row-invariant as its parts."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], -1)

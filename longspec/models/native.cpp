@@ -933,62 +933,104 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
 
 }  // namespace
 
-// Every layer over x [q, hidden]: products l*4 .. l*4+3 of layer l are its q|k|v, output,
-// gate|up and down (int4 where scale_zero is given, dense where not); norms l*2, l*2+1 its
-// attention and MLP norms; qk_norms (empty or 2 per layer) Qwen3's query and key norms. The
-// block goes to cache slots [start, start + q) and attends to slots [0, n); mask and order are
-// the block's additive mask and its block_order. Returns the output [q, hidden] and, when
-// asked for, each layer's rotated query of the last token [heads, head_dim].
-std::tuple<Tensor, std::vector<Tensor>> layers(Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<Tensor>& norms,
-              const std::vector<Tensor>& qk_norms, const std::vector<Tensor>& weights,
-              const std::vector<std::optional<Tensor>>& scale_zero,
-              const std::vector<int64_t>& sizes, const std::vector<bool>& doubled,
-              const std::vector<std::optional<Tensor>>& bias,
-              const std::vector<Tensor>& key_bufs, const std::vector<Tensor>& value_bufs,
-              int64_t start, int64_t n, const std::optional<Tensor>& mask,
-              const std::optional<Tensor>& order, int64_t heads,
-              int64_t kv_heads, int64_t head_dim, int64_t bucket, double eps, double scale,
-              bool want_queries, bool loops, bool tiles) {
-  int64_t q_len = x.size(0), hidden = x.size(1);
-  std::vector<Tensor> queries;
-  int64_t nq = heads * head_dim, nkv = kv_heads * head_dim;
-  auto product = [&](size_t i, const Tensor& in) {
-    return linear(in, weights[i], scale_zero[i], sizes[i], doubled[i], bias[i]);
-  };
-  for (size_t l = 0; l < norms.size() / 2; ++l) {
-    Tensor h = rms_norm(x, norms[2 * l], eps);
-    Tensor qkv = product(4 * l, h);
-    Tensor qk = qkv.index({Slice(), Slice(None, nq + nkv)})
-                    .view({q_len, heads + kv_heads, head_dim});
-    Tensor v = qkv.index({Slice(), Slice(nq + nkv, None)}).view({q_len, kv_heads, head_dim});
-    if (!qk_norms.empty()) {
-      qk = at::cat({rms_norm(qk.index({Slice(), Slice(None, heads)}), qk_norms[2 * l], eps),
-                    rms_norm(qk.index({Slice(), Slice(heads, None)}), qk_norms[2 * l + 1], eps)},
-                   1);
-    }
-    qk = apply_rope(qk, cos, sin);
-    Tensor q = qk.index({Slice(), Slice(None, heads)});
-    Tensor k = qk.index({Slice(), Slice(heads, None)});
-    if (want_queries) queries.push_back(q[q_len - 1]);
-    key_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(k.transpose(0, 1));
-    value_bufs[l].index({Slice(), Slice(start, start + q_len)}).copy_(v.transpose(0, 1));
-    Tensor out = loops ? loop_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order,
-                                        scale, tiles)
-                       : grouped_attention(q, key_bufs[l], value_bufs[l], start, n, mask, order,
-                                           bucket, scale);
-    x = x + product(4 * l + 1, out);
-    h = rms_norm(x, norms[2 * l + 1], eps);
-    Tensor gate_up = product(4 * l + 2, h);
-    int64_t half = gate_up.size(1) / 2;
-    Tensor gate = gate_up.index({Slice(), Slice(None, half)});
-    Tensor up = gate_up.index({Slice(), Slice(half, None)});
-    x = x + product(4 * l + 3, at::silu(gate) * up);
-  }
-  return {x, queries};
+// One part of a layer's product: Int4Linear's operands (with scale_zero; `size` its group) or
+// DenseLinear's (without; `size` its min_rows), and its bias.
+struct Part {
+  Tensor weight;
+  std::optional<Tensor> scale_zero;
+  int64_t size;
+  bool doubled;
+  std::optional<Tensor> bias;
+};
+
+// A product over its parts (linear.py's RowParts where there are several): the outputs side
+// by side.
+Tensor product(const std::vector<Part>& parts, const Tensor& x) {
+  std::vector<Tensor> outs;
+  for (const Part& p : parts)
+    outs.push_back(linear(x, p.weight, p.scale_zero, p.size, p.doubled, p.bias));
+  return outs.size() == 1 ? outs[0] : at::cat(outs, -1);
 }
 
+// The decoder layers of one model (transformer.py's Blocks), given once at load: per layer l,
+// products[4 l .. 4 l + 3] are its q|k|v, output, gate|up and down; norms[2 l], norms[2 l + 1]
+// its attention and MLP norms; qk_norms (empty or 2 per layer) Qwen3's query and key norms.
+// `min_bucket` is the fewest rows grouped_attention's products take; `loops` says whether attention runs as
+// loop_attention (on the AMX tiles where `tiles`).
+struct Layers {
+  std::vector<Tensor> norms, qk_norms;
+  std::vector<std::vector<Part>> products;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, min_bucket = 0;
+  double eps = 0, scale = 0;
+  bool loops = false, tiles = false;
+
+  // Every layer over x [q, hidden] with RoPE's cos and sin; the block goes to the layers'
+  // cache slots [start, start + q) of `keys` and `values` and attends to slots [0, n), with
+  // `plan`'s block mask and block order ((start, n, mask, order): cache/base.py's
+  // AttentionPlan). Returns the output [q, hidden] and, when asked for, each layer's rotated
+  // query of the last token [heads, head_dim].
+  std::tuple<Tensor, std::vector<Tensor>> forward(
+      Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<Tensor>& keys,
+      const std::vector<Tensor>& values,
+      const std::tuple<int64_t, int64_t, std::optional<Tensor>, std::optional<Tensor>>& plan,
+      bool want_queries) const {
+    const auto& [start, n, mask, order] = plan;
+    int64_t q_len = x.size(0);
+    int64_t bucket = std::max(heads / kv_heads * q_len, min_bucket);
+    std::vector<Tensor> queries;
+    int64_t nq = heads * head_dim, nkv = kv_heads * head_dim;
+    for (size_t l = 0; l < norms.size() / 2; ++l) {
+      Tensor h = rms_norm(x, norms[2 * l], eps);
+      Tensor qkv = product(products[4 * l], h);
+      Tensor qk = qkv.index({Slice(), Slice(None, nq + nkv)})
+                      .view({q_len, heads + kv_heads, head_dim});
+      Tensor v = qkv.index({Slice(), Slice(nq + nkv, None)}).view({q_len, kv_heads, head_dim});
+      if (!qk_norms.empty()) {
+        qk = at::cat({rms_norm(qk.index({Slice(), Slice(None, heads)}), qk_norms[2 * l], eps),
+                      rms_norm(qk.index({Slice(), Slice(heads, None)}), qk_norms[2 * l + 1], eps)},
+                     1);
+      }
+      qk = apply_rope(qk, cos, sin);
+      Tensor q = qk.index({Slice(), Slice(None, heads)});
+      Tensor k = qk.index({Slice(), Slice(heads, None)});
+      if (want_queries) queries.push_back(q[q_len - 1]);
+      keys[l].index({Slice(), Slice(start, start + q_len)}).copy_(k.transpose(0, 1));
+      values[l].index({Slice(), Slice(start, start + q_len)}).copy_(v.transpose(0, 1));
+      Tensor out = loops ? loop_attention(q, keys[l], values[l], start, n, mask, order, scale,
+                                          tiles)
+                         : grouped_attention(q, keys[l], values[l], start, n, mask, order,
+                                             bucket, scale);
+      x = x + product(products[4 * l + 1], out);
+      h = rms_norm(x, norms[2 * l + 1], eps);
+      Tensor gate_up = product(products[4 * l + 2], h);
+      int64_t half = gate_up.size(1) / 2;
+      Tensor gate = gate_up.index({Slice(), Slice(None, half)});
+      Tensor up = gate_up.index({Slice(), Slice(half, None)});
+      x = x + product(products[4 * l + 3], at::silu(gate) * up);
+    }
+    return {x, queries};
+  }
+};
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("layers", &layers, "every decoder layer of a bfloat16 CPU model over a block");
+  py::class_<Part>(m, "Part")
+      .def(py::init<Tensor, std::optional<Tensor>, int64_t, bool, std::optional<Tensor>>(),
+           py::arg("weight"), py::arg("scale_zero"), py::arg("size"), py::arg("doubled"),
+           py::arg("bias"));
+  py::class_<Layers>(m, "Layers", "every decoder layer of a bfloat16 CPU model")
+      .def(py::init<>())
+      .def_readwrite("norms", &Layers::norms)
+      .def_readwrite("qk_norms", &Layers::qk_norms)
+      .def_readwrite("products", &Layers::products)
+      .def_readwrite("heads", &Layers::heads)
+      .def_readwrite("kv_heads", &Layers::kv_heads)
+      .def_readwrite("head_dim", &Layers::head_dim)
+      .def_readwrite("min_bucket", &Layers::min_bucket)
+      .def_readwrite("eps", &Layers::eps)
+      .def_readwrite("scale", &Layers::scale)
+      .def_readwrite("loops", &Layers::loops)
+      .def_readwrite("tiles", &Layers::tiles)
+      .def("forward", &Layers::forward, "every layer over a block");
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   m.def("int4_amx", &int4_amx, "the int4 product on AMX tiles");
   m.def("amx_ready", &amx_ready, "whether Linux lets this process use the AMX tiles");

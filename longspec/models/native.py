@@ -27,7 +27,7 @@ import torch
 
 from ..cache.base import CHUNK, AttentionPlan, KVCache
 from .compiled import amx_int4, extension
-from .linear import Int4Linear, min_rows
+from .linear import Int4Linear, RowParts, min_rows
 
 
 def _products(net) -> list:
@@ -35,42 +35,51 @@ def _products(net) -> list:
     return [p for b in net.layers for p in (b.wqkv, b.wo, b.w_gate_up, b.w_down)]
 
 
+def _parts(module: ModuleType, product) -> list:
+    """A product's parts as the compiled layers take them."""
+    parts = list(product.parts) if isinstance(product, RowParts) else [product]
+    return [module.Part(weight=p.packed, scale_zero=p.scale_zero, size=p.group,
+                        doubled=p.doubled, bias=p.bias) if isinstance(p, Int4Linear)
+            else module.Part(weight=p.weight, scale_zero=None, size=p.min_rows, doubled=False,
+                             bias=p.bias)
+            for p in parts]
+
+
 class NativeLayers:
     """Every layer of a quantized `Transformer` (int4 products, and the dense ones of formats
-    the kernel cannot take), bfloat16 on a CPU: `__call__(x, cos, sin, cache, plan, queries)`
-    is what the Python loop over `Block`s gives: the output, and each layer's query of the last
-    token when `queries` (else None)."""
+    the kernel cannot take), bfloat16 on a CPU, handed to the compiled layers once:
+    `__call__(x, cos, sin, cache, plan, queries)` is what the Python loop over `Block`s gives:
+    the output, and each layer's query of the last token when `queries` (else None)."""
 
     def __init__(self, module: ModuleType, net) -> None:
-        self.module = module
-        self.config = c = net.config
+        c = net.config
         blocks = list(net.layers)
-        products = _products(net)
-        self.norms = [t for b in blocks for t in (b.attn_norm, b.mlp_norm)]
-        self.qk_norms = ([] if blocks[0].q_norm is None
-                         else [t for b in blocks for t in (b.q_norm, b.k_norm)])
-        int4 = [isinstance(p, Int4Linear) for p in products]
-        self.weights = [p.packed if q else p.weight for p, q in zip(products, int4)]
-        self.scale_zero = [p.scale_zero if q else None for p, q in zip(products, int4)]
-        self.sizes = [p.group if q else p.min_rows for p, q in zip(products, int4)]
-        self.doubled = [q and p.doubled for p, q in zip(products, int4)]
-        self.bias = [p.bias for p in products]
-        self.bucket_rows = min_rows(c.head_dim, CHUNK)
-        self.scale = c.head_dim ** -0.5
+        layers = self.layers = module.Layers()
+        layers.norms = [t for b in blocks for t in (b.attn_norm, b.mlp_norm)]
+        layers.qk_norms = ([] if blocks[0].q_norm is None
+                           else [t for b in blocks for t in (b.q_norm, b.k_norm)])
+        layers.products = [_parts(module, p) for p in _products(net)]
+        layers.heads, layers.kv_heads, layers.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        layers.min_bucket = min_rows(c.head_dim, CHUNK)
+        layers.eps, layers.scale = c.rms_norm_eps, c.head_dim ** -0.5
         # attention as loops (heads in whole vectors of 16), else as products: at every length
-        self.loops = c.head_dim % 16 == 0
-        self.tiles = amx_int4() is not None     # the loops' scores (and p . v) on AMX tiles
+        layers.loops = c.head_dim % 16 == 0
+        layers.tiles = amx_int4() is not None     # the loops' scores (and p . v) on AMX tiles
+
+    @property
+    def loops(self) -> bool:
+        return self.layers.loops
+
+    @loops.setter
+    def loops(self, value: bool) -> None:
+        self.layers.loops = value
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                  plan: AttentionPlan, queries: bool
                  ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        c = self.config
-        rows = c.num_heads // c.num_kv_heads * x.shape[0]
-        out, last_queries = self.module.layers(
-            x, cos, sin, self.norms, self.qk_norms, self.weights, self.scale_zero, self.sizes,
-            self.doubled, self.bias, cache.k, cache.v, plan.start, plan.n_keys, plan.block_mask,
-            plan.block_order, c.num_heads, c.num_kv_heads, c.head_dim, max(rows, self.bucket_rows),
-            c.rms_norm_eps, self.scale, queries, self.loops, self.tiles)
+        out, last_queries = self.layers.forward(
+            x, cos, sin, cache.k, cache.v,
+            (plan.start, plan.n_keys, plan.block_mask, plan.block_order), queries)
         return out, last_queries if queries else None
 
 

@@ -1,0 +1,109 @@
+"""Long generations: tokens/s per segment as the context grows, peak memory and KV bytes, and
+the token-identity check against plain decoding (`ar`).
+
+Each method writes --new-tokens tokens of one chat answer (EOS ignored: past the end of its
+answer the model goes on with whatever it writes) with a progress bar; the rate of every
+--segment tokens is printed as it is reached, so a run shows where the KV cache starts to cost
+more than the weights. With --check-tokens K, `ar` writes only the first K tokens and the other
+methods are compared with it over those (the first tokens of a run do not depend on its length:
+DESIGN.md), which keeps a 32K-token run of one method affordable.
+
+    python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 8192 --methods ar,auto
+    python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 32768 --methods auto \\
+        --check-tokens 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from chat_bench import PROMPTS, SETTINGS
+
+import longspec
+from longspec.bench.runner import parse_entry
+from longspec.drafters import METHODS
+from longspec.request import encode_prompt
+
+
+def kv_bytes(model, positions: int) -> int:
+    """The keys and values of every layer for `positions` tokens."""
+    c = model.config
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * positions * model.dtype.itemsize
+
+
+def run(model, draft, method: str, ids: list[int], n: int, sampling, segment: int) -> dict:
+    model.state.clear()
+    entry = parse_entry(method, {})
+    s = longspec.stream(model, ids, max_new_tokens=n, method=entry.method, options=entry.options,
+                        sampling=sampling, seed=0, ignore_eos=True, progress=True,
+                        draft_model=draft if METHODS[entry.method].needs_draft_model else None)
+    tokens: list[int] = []
+    marks = []                       # (tokens, seconds since the first token) per segment
+    begin = None
+    for chunk in s:
+        if begin is None:
+            begin = time.perf_counter() - 1e-9
+        before = len(tokens)
+        tokens += chunk.token_ids
+        if len(tokens) // segment > before // segment or len(tokens) == n:
+            marks.append((len(tokens), time.perf_counter() - begin))
+    segments = []
+    for (n0, t0), (n1, t1) in zip([(0, 0.0), *marks], marks):
+        segments.append({"to": n1, "tok_s": round((n1 - n0) / (t1 - t0), 2)})
+    st = s.result.stats
+    return {"tokens": tokens, "tok_s": st["tokens_per_s"], "len": st["mean_accepted_length"],
+            "segments": segments, "peak_rss_bytes": st["peak_memory_bytes"],
+            "kv_bytes": kv_bytes(model, len(ids) + len(tokens)), "decode_s": st["decode_s"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen-coder-1.5b")
+    p.add_argument("--draft-model", help="draft model (methods draft, triforce)")
+    p.add_argument("--methods", default="ar,auto")
+    p.add_argument("--new-tokens", type=int, default=8192)
+    p.add_argument("--check-tokens", type=int,
+                   help="ar writes only this many tokens, the others are compared over them")
+    p.add_argument("--setting", default="greedy", choices=sorted(SETTINGS))
+    p.add_argument("--prompt", type=int, default=0, help="index of chat_bench's prompts")
+    p.add_argument("--segment", type=int, default=1024)
+    p.add_argument("--out", default="long_bench.json")
+    args = p.parse_args()
+    model = longspec.load_model(args.model, device="cpu")
+    draft = (None if args.draft_model is None
+             else longspec.load_model(args.draft_model, dtype=str(model.dtype)[6:], device="cpu"))
+    print(model.profile, flush=True)
+    ids = encode_prompt(model, [{"role": "user", "content": PROMPTS[args.prompt]}])
+    sampling = SETTINGS[args.setting]
+    methods = args.methods.split(",")
+    if args.check_tokens and "ar" not in methods:
+        methods.insert(0, "ar")
+    longspec.generate(model, ids, max_new_tokens=16, sampling=sampling, seed=0)   # warm-up
+    results = {}
+    for m in methods:
+        n = args.check_tokens if m == "ar" and args.check_tokens else args.new_tokens
+        r = results[m] = run(model, draft, m, ids, n, sampling, args.segment)
+        row = {"method": m, "new_tokens": n, "tok_s": round(r["tok_s"], 2),
+               "len": round(r["len"], 2), "peak_rss_gb": round(r["peak_rss_bytes"] / 1e9, 2),
+               "kv_gb": round(r["kv_bytes"] / 1e9, 3), "segments": r["segments"]}
+        if m == "ar":         # where the answer ends: the model goes on past end-of-turn
+            eos = model.eos_token_ids
+            row["first_eos"] = next((i for i, t in enumerate(r["tokens"]) if t in eos), None)
+        elif "ar" in results:
+            ref = results["ar"]["tokens"]
+            row["identical_over"] = min(len(ref), len(r["tokens"]))
+            row["identical"] = r["tokens"][:len(ref)] == ref[:len(r["tokens"])]
+        print(json.dumps(row), flush=True)
+        results[m]["row"] = row
+    with open(args.out, "w") as f:
+        json.dump({"model": args.model, "draft_model": args.draft_model,
+                   "kernel_profile": model.profile.as_dict(), "setting": args.setting,
+                   "prompt": args.prompt, "threads": torch.get_num_threads(),
+                   "rows": [r["row"] for r in results.values()]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
