@@ -22,7 +22,7 @@ from .memory import PeakMemory, ensure_fits
 from .models.loader import Model
 from .models.prefill import prefill
 from .sampler import Sampler
-from .sizing import Calibration, Sizer, StepCost
+from .sizing import Sizer, calibration, step_cost
 from .stats import Stats
 from .stopping import StopRules
 from .tree import DraftTree, TreeTemplate
@@ -52,10 +52,8 @@ class Engine:
         self.done = False
         # what sizing learns lives with the model, so later generations start informed:
         # step costs per tree cap, calibration per method and sampling setting
-        state = model.state
-        cost = state.setdefault(("step_cost", budget.max_nodes), StepCost(budget.max_nodes))
-        calibration = state.setdefault(("calibration", method, sampler.config), Calibration())
-        self.sizer = Sizer(cost, calibration)
+        self.sizer = Sizer(step_cost(model, budget.max_nodes),
+                           calibration(model, method, sampler.config))
 
     # -- set-up ---------------------------------------------------------------------------------
 

@@ -85,6 +85,23 @@ class StepCost:
     def __call__(self, n: int) -> float:
         """Interpolated seconds of a step over n nodes (measuring the sizes around n first)."""
         self._measure_up_to(n)
+        return self._interpolate(n)
+
+    def known(self, n: int) -> float | None:
+        """The seconds of a step over n nodes from the sizes measured so far, measuring
+        nothing: interpolated, or past the largest measured extended along the last two (the
+        first alone: n times it); None when nothing is measured."""
+        if not self.seconds:
+            return None
+        if n <= self.measured:
+            return self._interpolate(n)
+        secs, sizes = self.seconds, self.sizes
+        if len(secs) == 1:
+            return secs[0] * n / sizes[0]
+        slope = (secs[-1] - secs[-2]) / (sizes[len(secs) - 1] - sizes[len(secs) - 2])
+        return secs[-1] + slope * (n - self.measured)
+
+    def _interpolate(self, n: int) -> float:
         sizes, secs = self.sizes, self.seconds
         if n >= sizes[-1]:
             return secs[-1] * n / sizes[-1]
@@ -162,6 +179,17 @@ def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
                      [tree.scores[i] for i in keep], [tree.sources[i] for i in keep])
 
 
+def step_cost(model, max_nodes: int) -> StepCost:
+    """The target's step costs for trees of at most max_nodes nodes: kept with the model, so
+    later generations (and drafters deciding how far to draft) start informed."""
+    return model.state.setdefault(("step_cost", max_nodes), StepCost(max_nodes))
+
+
+def calibration(model, method: str, config) -> Calibration:
+    """What a method's estimates are worth under a sampling setting, kept with the model."""
+    return model.state.setdefault(("calibration", method, config), Calibration())
+
+
 class Sizer:
     """Prunes scored trees to the size that pays most, and learns from the verdicts."""
 
@@ -186,12 +214,12 @@ class Sizer:
         best, best_rate, gain = 1, 1.0 / (draft_seconds + self.cost(1)), 1.0
         rest = sum(scores[node] for node in order)      # the gain of the nodes not yet taken
         for k, node in enumerate(order, start=2):
-            if k > self.cost.measured:
-                # no larger prefix costs less than the largest size measured, nor gains more
-                # than all the rest: when even that cannot pay, stop before measuring more
-                bound = (gain + rest) / (draft_seconds + self.cost(self.cost.measured))
-                if bound <= best_rate:
-                    break
+            # no larger prefix gains more than all the rest, nor costs less than this one (past
+            # the sizes measured: than the largest measured): when even that cannot pay, stop,
+            # before measuring more and before walking a long tail of unlikely nodes
+            bound = (gain + rest) / (draft_seconds + self.cost(min(k, self.cost.measured)))
+            if bound <= best_rate:
+                break
             gain += scores[node]
             rest -= scores[node]
             rate = gain / (draft_seconds + self.cost(k))

@@ -45,10 +45,13 @@ class ChainModel:
 
     def draft(self, sequence: list[int], gamma: int,
               choose: Callable[[torch.Tensor, list[int]], tuple[torch.Tensor, int]],
-              ahead: int = 0) -> tuple[list[int], list[torch.Tensor]]:
-        """Draft `gamma` tokens after `sequence`, each chosen by `choose(logits, path)` where
-        path holds the last `ahead` tokens of sequence (not committed) plus the drafts so far.
-        Returns the drafts and their processed logits; the cache keeps all but the last draft."""
+              ahead: int = 0,
+              go_on: Callable[[list[torch.Tensor], list[int]], bool] | None = None
+              ) -> tuple[list[int], list[torch.Tensor]]:
+        """Draft up to `gamma` tokens after `sequence`, each chosen by `choose(logits, path)`
+        where path holds the last `ahead` tokens of sequence (not committed) plus the drafts so
+        far, and after each one only while `go_on(rows, drafts)` says so (when given). Returns
+        the drafts and their processed logits; the cache keeps all but the last draft."""
         logits = self.catch_up(sequence)
         path = list(sequence[len(sequence) - ahead:]) if ahead else []
         drafts, rows = [], []
@@ -57,8 +60,9 @@ class ChainModel:
             drafts.append(token)
             rows.append(processed)
             path.append(token)
-            if i + 1 < gamma:
-                logits = self.feed([token])
+            if i + 1 == gamma or (go_on is not None and not go_on(rows, drafts)):
+                break
+            logits = self.feed([token])
         return drafts, rows
 
 

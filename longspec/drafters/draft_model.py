@@ -3,21 +3,31 @@
 In match mode the draft picks each token with the same position-keyed Gumbel noise as the
 target, which couples the two and keeps acceptance high; the output equals `ar`'s. In rejection
 mode the draft samples from its own distribution, which the chain carries for verification.
-The chain length adapts to recent acceptance within the method's depth budget.
+
+How far to draft is decided by measured costs, token by token: one more draft is made while
+its expected worth (the chance of the path so far times the draft's chance of its latest
+token, in target steps saved) exceeds what it costs (a draft step, as timed, plus what one
+more node adds to the target's step: sizing.py's StepCost). The chain is scored by the draft's
+own chances, so the engine's sizer then verifies the prefix that pays most. Measured on a
+2-core CPU, a step of Qwen2.5-Coder-0.5B costs ~0.35 of one of its 1.5B sibling and a 1.5B step
+over 8 nodes ~2.7 of one over 1: a fixed chain of 7 drafts hardly paid (BENCHMARKS.md).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
 from ..cache import StaticCache
 from ..memory import ensure_fits
-from ..tree import DraftTree
+from ..sizing import Calibration, StepCost, calibration, step_cost
+from ..tree import DraftTree, TreeShape
 from .base import Budget, Drafter
 from .chain import ChainModel
 from .registry import MethodSpec
 
-START_GAMMA = 4
+STEP_SMOOTHING = 0.1    # weight of the latest draft step's time in the running estimate
 
 
 def check_draft_model(target, draft) -> None:
@@ -44,50 +54,75 @@ def check_draft_context(draft, positions: int, fix: str) -> None:
                          f"shorter than the {positions} it would need here; lower {fix}")
 
 
-class AdaptiveGamma:
-    """Chain length: one longer after a fully accepted chain, one shorter otherwise."""
-
-    def __init__(self, start: int = START_GAMMA):
-        self.value = start
-
-    def get(self, limit: int) -> int:
-        return max(1, min(self.value, limit))
-
-    def update(self, drafted: int, accepted: int, limit: int) -> None:
-        self.value = min(limit, drafted + 1) if accepted == drafted else max(1, drafted - 1)
+def chance(row: torch.Tensor, token: int) -> float:
+    """The probability of `token` under processed logits [1, vocab]."""
+    return float(torch.softmax(row[0].float(), -1)[token])
 
 
 class DraftModelDrafter(Drafter):
     def __init__(self, target, draft, sampler, capacity: int, context: int):
         check_draft_model(target, draft)
         check_draft_context(draft, context, "max_new_tokens or the prompt length")
+        self.target = target
         self.sampler = sampler
         self.device = target.device
         ensure_fits(capacity * draft.config.kv_bytes_per_token(draft.dtype.itemsize), draft.device,
                     "the draft model's KV cache", "lower max_new_tokens")
         cache = StaticCache(draft.config, capacity, draft.dtype, draft.device)
         self.chain = ChainModel(draft.net, cache)
-        self.gamma = AdaptiveGamma()
+        self.draft_step: float | None = None     # seconds of a draft step, smoothed
         self._start = 0
-        self._limit = 1
+        self._drafted = 0
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
         self.chain.catch_up(prompt_ids[:-1], last_logits=0)
 
+    def _pays(self, cost: StepCost, drafted: int, worth: float) -> bool:
+        """Whether a draft more (drafted + 1 of them, a target step over drafted + 2 nodes),
+        whose path is accepted with chance `worth`, saves more than it costs; True where the
+        costs are not measured yet (the sizer then cuts the chain)."""
+        one, now, more = cost.known(1), cost.known(drafted + 1), cost.known(drafted + 2)
+        if self.draft_step is None or None in (one, now, more):
+            return True
+        return worth * one > self.draft_step + more - now
+
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        gamma = self.gamma.get(budget.chain)
         self._start = len(committed)
-        self._limit = budget.chain
-        drafts, rows = self.chain.draft(committed, gamma, self.sampler.chain_choice)
+        adaptive = budget.sizing == "adaptive"
+        cost = step_cost(self.target, budget.max_nodes)
+        # what the draft's chances are worth, as the sizer reads them from what was accepted
+        worth: Calibration = calibration(self.target, SPEC.name, self.sampler.config)
+        paths = [1.0]           # the chance of each draft's path, by the draft
+        accepted = [1.0]        # ... and as calibrated
+        clock = [time.perf_counter()]
+
+        def go_on(rows: list[torch.Tensor], drafts: list[int]) -> bool:
+            now = time.perf_counter()
+            if len(drafts) > 1:     # the time since the last draft was one draft step
+                step = now - clock[0]
+                self.draft_step = (step if self.draft_step is None else
+                                   self.draft_step + STEP_SMOOTHING * (step - self.draft_step))
+            clock[0] = now
+            latest = chance(rows[-1], drafts[-1])
+            paths.append(paths[-1] * latest)
+            calibrated = worth.chance(0, latest)
+            accepted.append(accepted[-1] * calibrated)
+            # the next draft's chance taken as this one's
+            return not adaptive or self._pays(cost, len(drafts), accepted[-1] * calibrated)
+
+        drafts, rows = self.chain.draft(committed, budget.chain, self.sampler.chain_choice,
+                                        go_on=go_on)
+        if len(paths) <= len(drafts):                 # the last draft, made at the chain's cap
+            paths.append(paths[-1] * chance(rows[-1], drafts[-1]))
+        self._drafted = len(drafts)
         probs = torch.softmax(torch.cat(rows), dim=-1) if self.sampler.rejection else None
-        return DraftTree.chain([committed[-1], *drafts], self.device, probs)
+        tokens = torch.tensor([committed[-1], *drafts], device=self.device)
+        return DraftTree(TreeShape.chain(len(drafts), self.device), tokens, probs, paths,
+                         [0] * len(paths))
 
     def observe(self, tree, target_out, verdict) -> None:
-        drafted = tree.n - 1
-        accepted = verdict.accept_length
         # the cache holds the drafts but the last; keep those the target accepted
-        self.chain.rewind(self._start + min(accepted, drafted - 1))
-        self.gamma.update(drafted, accepted, self._limit)
+        self.chain.rewind(self._start + min(verdict.accept_length, self._drafted - 1))
 
 
 SPEC = MethodSpec(

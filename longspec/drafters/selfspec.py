@@ -7,9 +7,23 @@ import torch
 
 from ..tree import DraftTree
 from .base import Budget, Drafter
-from .draft_model import AdaptiveGamma
 from .registry import MethodSpec
 from .retrieval_level import LEVEL_OPTIONS, RetrievalLevel
+
+START_GAMMA = 4
+
+
+class AdaptiveGamma:
+    """Chain length: one longer after a fully accepted chain, one shorter otherwise."""
+
+    def __init__(self, start: int = START_GAMMA):
+        self.value = start
+
+    def get(self, limit: int) -> int:
+        return max(1, min(self.value, limit))
+
+    def update(self, drafted: int, accepted: int, limit: int) -> None:
+        self.value = min(limit, drafted + 1) if accepted == drafted else max(1, drafted - 1)
 
 
 class SelfSpecDrafter(Drafter):
