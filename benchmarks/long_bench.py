@@ -2,15 +2,16 @@
 the token-identity check against plain decoding (`ar`).
 
 Each method writes --new-tokens tokens of one chat answer (EOS ignored: past the end of its
-answer the model goes on with whatever it writes) with a progress bar; the rate of every
---segment tokens is printed as it is reached, so a run shows where the KV cache starts to cost
-more than the weights. With --check-tokens K, `ar` writes only the first K tokens and the other
-methods are compared with it over those (the first tokens of a run do not depend on its length:
-DESIGN.md), which keeps a 32K-token run of one method affordable.
+answer the model goes on with whatever it writes) with a progress bar; each row gives the rate
+over every --segment tokens, so a run shows where the KV cache starts to cost more than the
+weights (plot_long.py draws them), and the distinct 4-grams of the tokens (how much of the text
+repeats, which is what drafters feed on). With --check-tokens K, `ar` writes only the first K
+tokens and the other methods are compared with it over those (the first tokens of a run do not
+depend on its length: DESIGN.md), which keeps a 32K-token run of one method affordable.
 
     python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 8192 --methods ar,auto
-    python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 32768 --methods auto \\
-        --check-tokens 1024
+    python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 32700 --methods auto \\
+        --check-tokens 8192
 """
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ import json
 import time
 
 import torch
-from chat_bench import PROMPTS, SETTINGS
+from chat_bench import PROMPTS
+from chat_bench import SETTINGS as CHAT_SETTINGS
 
 import longspec
+from longspec.bench.metrics import distinct_n
 from longspec.bench.runner import parse_entry
 from longspec.drafters import METHODS
 from longspec.request import encode_prompt
+
+# chat_bench's, and TokenSwift's long-generation setting
+SETTINGS = {**CHAT_SETTINGS, "tokenswift": longspec.SamplingConfig(
+    temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)}
 
 
 def kv_bytes(model, positions: int) -> int:
@@ -88,7 +95,8 @@ def main() -> None:
         r = results[m] = run(model, draft, m, ids, n, sampling, args.segment)
         row = {"method": m, "new_tokens": n, "tok_s": round(r["tok_s"], 2),
                "len": round(r["len"], 2), "peak_rss_gb": round(r["peak_rss_bytes"] / 1e9, 2),
-               "kv_gb": round(r["kv_bytes"] / 1e9, 3), "segments": r["segments"]}
+               "kv_gb": round(r["kv_bytes"] / 1e9, 3),
+               "distinct_4": round(distinct_n(r["tokens"], 4), 3), "segments": r["segments"]}
         if m == "ar":         # where the answer ends: the model goes on past end-of-turn
             eos = model.eos_token_ids
             row["first_eos"] = next((i for i, t in enumerate(r["tokens"]) if t in eos), None)

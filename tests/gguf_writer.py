@@ -78,13 +78,13 @@ def llama3_factors(config, head_dim: int) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
-def add_tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
-    """A tiny gpt2-style BPE vocabulary: 3 control tokens, the 256 byte symbols, then merges."""
+def add_tokenizer(w: gguf.GGUFWriter, vocab: int, letters: str = "etaoinshrd") -> None:
+    """A tiny gpt2-style BPE vocabulary: 3 control tokens, the 256 byte symbols, then merges of
+    pairs of `letters` (other letters: another vocabulary of the same size)."""
     # GPT-2's byte-to-symbol table: printable bytes stand for themselves, the rest from 256 up
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
     others = [b for b in range(256) if b not in printable]
     symbols = [chr(b) for b in printable] + [chr(256 + i) for i in range(len(others))]
-    letters = "etaoinshrd"
     merges = [f"{a} {b}" for a in letters for b in letters][:vocab - 3 - len(symbols)]
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *symbols,
               *(m.replace(" ", "") for m in merges)]
@@ -99,12 +99,12 @@ def add_tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
     w.add_chat_template(CHAT_TEMPLATE)
 
 
-def write_gguf(hf, path: Path, qtype: str | dict[str, str] = "F32", *, tokenizer: bool = False,
-               seed: int = 0) -> dict[str, torch.Tensor]:
+def write_gguf(hf, path: Path, qtype: str | dict[str, str] = "F32", *,
+               tokenizer: bool | str = False, seed: int = 0) -> dict[str, torch.Tensor]:
     """Write `hf` to `path`: norms in F32, matrices in `qtype`, or in `qtype[role]` by their GGUF
     role ("token_embd", "ffn_down", ...; "default" for the rest), as llama.cpp's mixes (Q4_K_M)
-    write them. Returns the state dict a reference
-    model must load to compute what the file holds."""
+    write them; with a tokenizer when `tokenizer` (a string: the letters of its merges).
+    Returns the state dict a reference model must load to compute what the file holds."""
     c = hf.config
     arch = ARCH[c.model_type]
     heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
@@ -133,7 +133,7 @@ def write_gguf(hf, path: Path, qtype: str | dict[str, str] = "F32", *, tokenizer
     if rope["rope_type"] == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(c, head_dim))
     if tokenizer:
-        add_tokenizer(w, c.vocab_size)
+        add_tokenizer(w, c.vocab_size, *([tokenizer] if isinstance(tokenizer, str) else []))
 
     rng = np.random.default_rng(seed)
     held = {}

@@ -83,15 +83,15 @@ def hf_greedy(hf, ids, n):
 
 
 def assert_matches_ar(model, prompt, method: str, max_new_tokens: int,
-                      options: dict | None = None, heads=None, **settings):
-    """Generate with `method` (and its `options` and `heads`) and with plain decoding (`ar`),
-    same seed and settings, EOS ignored; assert the token ids are identical, and return the
-    method's result."""
+                      options: dict | None = None, heads=None, draft_model=None, **settings):
+    """Generate with `method` (and its `options`, `heads` and `draft_model`) and with plain
+    decoding (`ar`), same seed and settings, EOS ignored; assert the token ids are identical,
+    and return the method's result."""
     settings = {"ignore_eos": True, **settings}
     ref = longspec.generate(model, prompt, max_new_tokens=max_new_tokens, method="ar",
                             **settings)
     res = longspec.generate(model, prompt, max_new_tokens=max_new_tokens, method=method,
-                            options=options, heads=heads, **settings)
+                            options=options, heads=heads, draft_model=draft_model, **settings)
     assert res.token_ids == ref.token_ids, (
         f"{method} differs from ar from token "
         f"{next(i for i, (a, b) in enumerate(zip(res.token_ids, ref.token_ids)) if a != b)}"
