@@ -214,12 +214,12 @@ class Sizer:
         best, best_rate, gain = 1, 1.0 / (draft_seconds + self.cost(1)), 1.0
         rest = sum(scores[node] for node in order)      # the gain of the nodes not yet taken
         for k, node in enumerate(order, start=2):
-            # no larger prefix gains more than all the rest, nor costs less than this one (past
-            # the sizes measured: than the largest measured): when even that cannot pay, stop,
-            # before measuring more and before walking a long tail of unlikely nodes
-            bound = (gain + rest) / (draft_seconds + self.cost(min(k, self.cost.measured)))
-            if bound <= best_rate:
-                break
+            if k > self.cost.measured:
+                # no larger prefix costs less than the largest size measured, nor gains more
+                # than all the rest: when even that cannot pay, stop before measuring more
+                bound = (gain + rest) / (draft_seconds + self.cost(self.cost.measured))
+                if bound <= best_rate:
+                    break
             gain += scores[node]
             rest -= scores[node]
             rate = gain / (draft_seconds + self.cost(k))

@@ -91,7 +91,7 @@ class DraftModelDrafter(Drafter):
         adaptive = budget.sizing == "adaptive"
         cost = step_cost(self.target, budget.max_nodes)
         # what the draft's chances are worth, as the sizer reads them from what was accepted
-        worth: Calibration = calibration(self.target, SPEC.name, self.sampler.config)
+        trust: Calibration = calibration(self.target, SPEC.name, self.sampler.config)
         paths = [1.0]           # the chance of each draft's path, by the draft
         accepted = [1.0]        # ... and as calibrated
         clock = [time.perf_counter()]
@@ -105,7 +105,7 @@ class DraftModelDrafter(Drafter):
             clock[0] = now
             latest = chance(rows[-1], drafts[-1])
             paths.append(paths[-1] * latest)
-            calibrated = worth.chance(0, latest)
+            calibrated = trust.chance(0, latest)
             accepted.append(accepted[-1] * calibrated)
             # the next draft's chance taken as this one's
             return not adaptive or self._pays(cost, len(drafts), accepted[-1] * calibrated)

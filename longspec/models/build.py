@@ -9,6 +9,8 @@ to the dtype.
 
 from __future__ import annotations
 
+from itertools import groupby
+
 import torch
 from torch import nn
 
@@ -48,20 +50,26 @@ def _fits_kernel(shape: tuple[int, int], device) -> bool:
     return device.type == "cpu" and out % KERNEL_ROWS == 0 and k % KERNEL_GROUP == 0
 
 
+def _kept_quantized(w, device) -> bool:
+    """Whether these are GGUF blocks the int4 kernels take as they are (Q6_K only where
+    longspec::int4_mm runs)."""
+    return (isinstance(w, Blocks) and _fits_kernel(w.shape, device)
+            and (w.qtype in KERNEL_TYPES or (w.qtype in SIXTEEN_TYPES and int4_mm())))
+
+
 def make_linear(w, bias, dtype: torch.dtype, device, quantize: str | None) -> nn.Module:
     """The product module of one (possibly fused) weight [out, in]."""
     b = None if bias is None else dense(bias, dtype, device)
-    if isinstance(w, Blocks) and w.qtype in KERNEL_TYPES and _fits_kernel(w.shape, device):
+    if _kept_quantized(w, device) and w.qtype in SIXTEEN_TYPES:
+        codes, scales = sixteen_operands(w)
+        return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales), None, False, b,
+                          group=16, factors=tuple(torch.from_numpy(a) for a in q6_factors(w)))
+    if _kept_quantized(w, device):
         codes, scales, mins, doubled = kernel_operands(w)
         factors = (tuple(torch.from_numpy(a) for a in k_factors(w))
                    if w.qtype == "Q4_K" and int4_mm() else None)
         return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales),
                           torch.from_numpy(mins), doubled, b, factors=factors)
-    if (isinstance(w, Blocks) and w.qtype in SIXTEEN_TYPES and _fits_kernel(w.shape, device)
-            and int4_mm()):
-        codes, scales = sixteen_operands(w)
-        return Int4Linear(torch.from_numpy(codes), torch.from_numpy(scales), None, False, b,
-                          group=16, factors=tuple(torch.from_numpy(a) for a in q6_factors(w)))
     weight = dense(w, dtype, device)
     if quantize is not None and _fits_kernel(tuple(weight.shape), device):
         codes, scales, mins, doubled = quantize_dense(weight.cpu(), quantize)
@@ -80,18 +88,12 @@ def fused_linear(parts: list, bias, dtype: torch.dtype, device, quantize: str | 
         fused = concat_rows(parts)
         if fused is not None:
             return make_linear(fused, bias, dtype, device, quantize)
-        runs = [[parts[0]]]
-        for part in parts[1:]:
-            if part.qtype == runs[-1][0].qtype:
-                runs[-1].append(part)
-            else:
-                runs.append([part])
-        rows = [sum(p.shape[0] for p in run) for run in runs]
-        biases = [None] * len(runs) if bias is None else list(bias.split(rows))
-        modules = [make_linear(concat_rows(run), b, dtype, device, quantize)
-                   for run, b in zip(runs, biases)]
-        if all(isinstance(m, Int4Linear) for m in modules):
-            return RowParts(modules)
+        runs = [concat_rows(list(run)) for _, run in groupby(parts, key=lambda p: p.qtype)]
+        if all(_kept_quantized(run, device) for run in runs):
+            biases = ([None] * len(runs) if bias is None
+                      else bias.split([run.shape[0] for run in runs]))
+            return RowParts([make_linear(run, b, dtype, device, quantize)
+                             for run, b in zip(runs, biases)])
     return make_linear(torch.cat([dense(p, dtype, device) for p in parts]), bias, dtype, device,
                        quantize)
 
