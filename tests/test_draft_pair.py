@@ -5,8 +5,8 @@ a draft with another vocabulary, or another tokenizer of the same size, is refus
 import pytest
 
 import longspec
-from tests.gguf_writer import write_gguf
-from tests.helpers import assert_matches_ar, make_checkpoint
+from gguf_writer import write_gguf
+from helpers import assert_matches_ar, make_checkpoint
 
 # as Qwen2.5-Coder's files: the target in Q4_K with Q6_K beside it, the draft mostly Q5_0
 TARGET_MIX = {"default": "Q4_K", "ffn_down": "Q6_K", "attn_v": "Q6_K", "output": "Q6_K"}
