@@ -1,10 +1,9 @@
 """The compiled decoder layers (models/native.cpp) against the Python ones, in one process.
 
 One forward of a plain step (1 node) and of an 8-node draft tree over the same cache, in
-interleaved rounds (this machine is shared: only side-by-side ratios mean anything): the Python
-layers, the compiled ones with attention as products (the logits checked equal to Python's),
-and the compiled ones with attention as loops (what sequences up to LOOP_CONTEXT use; here at
-every context, to show where they stop paying).
+interleaved rounds (only side-by-side ratios mean anything): the Python layers with attention
+as attention.py's products, the Python layers with attention as longspec::attention (the
+loops), and the compiled layers (the logits checked equal to the Python loops').
 
     python benchmarks/native_ab.py --model smollm2 --contexts 300,1024,4096
 """
@@ -48,8 +47,8 @@ def main() -> None:
         raise SystemExit(f"{args.model} has no compiled layers (not a quantized CPU model, "
                          "or no compiler; see README)")
     cpu = torch.device("cpu")
-    print("context nodes python_ms products_ms loops_ms products/python loops/products")
-    variants = {"python": (None, False), "products": (native, False), "loops": (native, True)}
+    print("context nodes products_ms loops_ms compiled_ms loops/products compiled/loops")
+    variants = {"products": (None, False), "loops": (None, True), "compiled": (native, True)}
     for context in map(int, args.contexts.split(",")):
         cache = prefilled_cache(model, context, 16)
         for shape in (TreeShape([-1], cpu), TreeShape(TREE, cpu)):
@@ -61,17 +60,16 @@ def main() -> None:
             logits = {}
             for _ in range(args.rounds):
                 for name, (layers, loops) in variants.items():
-                    net.native = layers
-                    native.loops = loops
+                    net.native, net.loops = layers, loops
                     logits[name] = net(*block).logits
                     times[name].append(median_ms(net, block, args.reps))
             net.native = native
-            assert torch.equal(logits["python"], logits["products"])
+            assert torch.equal(logits["loops"], logits["compiled"])
             ms = {name: statistics.median(runs) for name, runs in times.items()}
             ratio = {name: statistics.median(a / b for a, b in zip(times[name], times[base]))
-                     for name, base in (("products", "python"), ("loops", "products"))}
-            print(f"{context} {q} {ms['python']:.2f} {ms['products']:.2f} {ms['loops']:.2f} "
-                  f"{ratio['products']:.3f} {ratio['loops']:.3f}", flush=True)
+                     for name, base in (("loops", "products"), ("compiled", "loops"))}
+            print(f"{context} {q} {ms['products']:.2f} {ms['loops']:.2f} {ms['compiled']:.2f} "
+                  f"{ratio['loops']:.3f} {ratio['compiled']:.3f}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -16,6 +16,7 @@ FAMILIES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24}),
+    "qwen3-head48": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 48}),
 }
 
 ROPES = {

@@ -3,10 +3,10 @@ small): sharing a tokenizer, `draft` and `triforce` write exactly what plain dec
 a draft with another vocabulary, or another tokenizer of the same size, is refused."""
 
 import pytest
-
-import longspec
 from gguf_writer import write_gguf
 from helpers import assert_matches_ar, make_checkpoint
+
+import longspec
 
 # as Qwen2.5-Coder's files: the target in Q4_K with Q6_K beside it, the draft mostly Q5_0
 TARGET_MIX = {"default": "Q4_K", "ffn_down": "Q6_K", "attn_v": "Q6_K", "output": "Q6_K"}

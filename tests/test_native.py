@@ -1,18 +1,21 @@
-"""The compiled decoder layers (models/native.cpp), for every kind of product (Q4_1, Q8_0 as two
-halves, biases, dense products beside int4 ones) and for Qwen3's query and key norms:
-- with attention as products (heads not of a multiple of 16) they write exactly what the Python
-  layers write: the same logits, queries and cache, bit for bit, for chains and draft trees;
-- with attention as loops (every length, for other heads) every row of a chain or a tree is
-  bitwise what its token gets run alone after its ancestors, and against float32 the logits are
-  no further off than twice the product path's."""
+"""The operator longspec::attention and the compiled decoder layers (models/native.cpp), for
+every kind of product (Q4_1, Q8_0 as two halves, biases, dense products beside int4 ones) and
+for Qwen3's query and key norms:
+- the compiled layers write exactly what the Python layers (Block.forward with the operator)
+  write: the same logits, queries and cache, bit for bit, for chains and draft trees;
+- every row of a chain or a tree is bitwise what its token gets run alone after its ancestors,
+  and against float32 the logits are no further off than twice attention.py's products';
+- heads not of a multiple of 16 take the products, in Python."""
 
 import pytest
 import torch
 from gguf_writer import write_gguf
 from helpers import make_checkpoint
+from torch import library
 
 import longspec
 from longspec.cache import StaticCache
+from longspec.models.attention import block_order
 from longspec.models.compiled import extension
 from longspec.models.prefill import prefill
 from longspec.tree import TreeShape
@@ -26,9 +29,8 @@ def int4_models(path, family: str):
     kind = {"llama-q4_1": ("llama", "Q4_1"), "llama-q8_0": ("llama", "Q8_0"),
             "llama-q4_1-head48": ("llama", "Q4_1"),
             "llama-q4_1-head64": ("llama", "Q4_1")}.get(family)
-    # sizes that give a GQA group of 3, as SmolLM2 has; heads of 32, 48 (the loops' scores then
-    # stay off AMX's tiles, which take 32 columns at a time) or 64 (SmolLM2's: p . v on the
-    # tiles too, which take 64 at a time)
+    # sizes that give a GQA group of 3, as SmolLM2 has; heads of 32, 48 (the loops without a
+    # head size known when compiled) or 64 (SmolLM2's, one the loops are compiled for)
     hidden = {"head48": 288, "head64": 384}.get(family.rsplit("-", 1)[-1], 192)
     hf = make_checkpoint(path / "hf", kind[0] if kind else family, hidden=hidden,
                          intermediate=512, heads=6, kv_heads=2, vocab=320, max_positions=1024)
@@ -39,8 +41,8 @@ def int4_models(path, family: str):
         load = {"path": path / "hf", "quantize": "q4"}
     compiled = longspec.load_model(**load, device="cpu")
     python = longspec.load_model(**load, device="cpu")
-    python.net.native = None    # the Python layers, with the same int4 kernel
-    assert compiled.net.native is not None
+    python.net.native = None    # the Python layers, with the same int4 kernel and attention
+    assert compiled.net.native is not None and python.net.loops
     return compiled, python
 
 
@@ -49,7 +51,7 @@ def forward(model, cache, tokens, positions, mask):
     return out.logits, out.queries, [t.clone() for t in cache.k + cache.v]
 
 
-FAMILIES = ["llama-q4_1", "llama-q8_0", "qwen2", "qwen3"]
+FAMILIES = ["llama-q4_1", "llama-q8_0", "qwen2", "qwen3-head48"]
 CONTEXT = 300                    # past one attention chunk
 
 
@@ -71,7 +73,6 @@ def blocks():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compiled_layers_equal_the_python_layers_bitwise(tmp_path, family):
     compiled, python = int4_models(tmp_path, family)
-    compiled.net.native.loops = False      # the products, as heads not of a multiple of 16 take
     caches = [prefilled(model) for model in (compiled, python)]
     for tokens, shape in blocks():
         q = len(shape.depth)
@@ -95,12 +96,11 @@ def alone(model, cache, tokens: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("family", [*FAMILIES, "llama-q4_1-head48", "llama-q4_1-head64"])
 def test_loop_attention_rows_equal_tokens_run_alone(tmp_path, family):
     compiled, python = int4_models(tmp_path, family)
+    python.net.loops = False      # attention as products
     reference = longspec.load_model(tmp_path / "m.gguf", device="cpu", dtype="float32",
                                     dequantize=True) if family.startswith("llama") else None
     reference = reference or longspec.load_model(tmp_path / "hf", device="cpu", dtype="float32")
     caches = [prefilled(model) for model in (compiled, python, reference)]
-    # the loops take head sizes in whole vectors of 16 (the tiny Qwen3's 24 runs the products)
-    assert compiled.net.native.loops == (compiled.config.head_dim % 16 == 0)
     cache = caches[0]
     for tokens, shape in blocks():
         q = len(shape.depth)
@@ -136,8 +136,42 @@ def test_loop_attention_resume_equals_the_uninterrupted_run(tmp_path):
     kwargs = {"max_new_tokens": 40, "method": "ar", "seed": 3, "ignore_eos": True,
               "sampling": longspec.SamplingConfig(temperature=0.8, top_p=0.9)}
     ref = longspec.generate(compiled, list(range(3, 60)), **kwargs)
-    assert compiled.net.native.loops
+    assert compiled.net.loops
     for k in (1, 17, 39):
         res = longspec.generate(compiled, list(range(3, 60)), resume_from=ref.token_ids[:k],
                                 **kwargs)
         assert res.token_ids == ref.token_ids, k
+
+
+def test_heads_not_of_a_multiple_of_16_take_the_products_in_python(tmp_path):
+    make_checkpoint(tmp_path, "qwen3", hidden=192, intermediate=512, heads=6, kv_heads=2,
+                    vocab=320)
+    model = longspec.load_model(tmp_path, quantize="q4", device="cpu")
+    assert model.config.head_dim == 24
+    assert not model.net.loops and model.net.native is None
+    assert (model.profile.attention, model.profile.layers) == ("products", "python")
+
+
+@pytest.mark.unit
+def test_the_attention_operator_passes_opcheck():
+    g = torch.Generator().manual_seed(0)
+    keys, values = (torch.randn(2, 300, 32, generator=g).bfloat16() for _ in range(2))
+    shape = TreeShape([-1, 0, 0, 1], torch.device("cpu"))
+    mask = shape.mask(torch.bfloat16)
+    cases = [(torch.randn(1, 6, 32, generator=g).bfloat16(), 299, None, None),
+             (torch.randn(4, 6, 32, generator=g).bfloat16(), 296, mask, block_order(mask))]
+    for q, start, m, order in cases:
+        library.opcheck(torch.ops.longspec.attention.default,
+                        (q, keys, values, start, m, order, 32 ** -0.5),
+                        test_utils=("test_schema", "test_faketensor",
+                                    "test_autograd_registration"))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("d, start", [(24, 9), (32, 10)])
+def test_the_attention_operator_refuses_what_it_cannot_take(d, start):
+    q = torch.zeros(1, 6, d, dtype=torch.bfloat16)
+    keys = torch.zeros(2, 10, d, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="d a multiple of 16, heads a multiple of kv_heads "
+                                           "and the block inside n"):
+        torch.ops.longspec.attention(q, keys, keys, start, None, None, 1.0)

@@ -28,8 +28,7 @@ def test_quantized_model_runs_the_compiled_loops():
     p = longspec.load_model("demo", quantize="q4", device="cpu").profile
     assert (p.weights, p.dtype, p.layers, p.attention) == ("int4", "bfloat16", "compiled",
                                                            "loops")
-    assert p.int4_kernel == {"AMX": "amx", "AVX512": "int4_mm", "AVX2": "int4_mm"}.get(p.isa,
-                                                                                      "aten")
+    assert p.int4_kernel == ("int4_mm" if p.isa in ("AMX", "AVX512", "AVX2") else "aten")
 
 
 def test_the_row_check_finds_a_row_that_differs(tiny_model):

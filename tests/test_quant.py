@@ -1,5 +1,5 @@
-"""Quantized weights kept quantized: GGUF blocks on an int4 kernel (PyTorch's, or native.cpp's
-on AMX tiles where the CPU has them).
+"""Quantized weights kept quantized: GGUF blocks on an int4 kernel (longspec::int4_mm, or
+PyTorch's without the compiled kernels).
 
 - the kernel operands reproduce GGUF's dequantization exactly (run in float32);
 - the fast (bfloat16) kernels' weights stay within bfloat16 rounding of GGUF's values;
@@ -79,8 +79,8 @@ def test_bfloat16_kernel_weights_are_within_bfloat16_rounding_of_gguf(qtype):
 @pytest.mark.unit
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q5_K"])
 def test_int4_layer_weights_are_within_bfloat16_rounding_of_gguf(qtype):
-    """The weights Int4Linear multiplies with (AMX's kernel where the CPU has it: exact scales
-    and mins, the output rounded to bfloat16), read back through one-hot rows."""
+    """The weights Int4Linear multiplies with (exact scales and mins, the output rounded to
+    bfloat16), read back through one-hot rows."""
     blocks = gguf_matrix(qtype)
     gguf_values = torch.from_numpy(dequantize(blocks.raw, GGMLQuantizationType[qtype]))
     codes, scales, mins, doubled = kernel_operands(blocks)

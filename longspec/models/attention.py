@@ -1,4 +1,6 @@
-"""Grouped-query attention whose every row is bitwise what the same token gets run alone.
+"""Grouped-query attention whose every row is bitwise what the same token gets run alone, as
+products: for float32 models, on CUDA, for heads not of a multiple of 16, and without the
+compiled code (bfloat16 models on a CPU otherwise take longspec::attention's loops, native.py).
 
 A draft tree's node attends over the cache and its ancestors; run alone after those
 ancestors, the same token attends over the cache and the same keys at consecutive slots. For

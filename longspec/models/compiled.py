@@ -24,8 +24,6 @@ import torch
 ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma",
                         "-mf16c"],
              "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
-# CPUs with AMX tiles (bfloat16) also get the int4 product on them (native.cpp's int4_amx)
-AMX_FLAGS = ["-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
 # AVX-512 CPUs with VNNI sum int4_mm's integer products in one instruction (the same sums)
 VNNI_FLAGS = ["-mavx512vnni"]
 
@@ -47,9 +45,7 @@ def cpu_isa() -> str:
 
 def _instruction_set() -> tuple[str, list[str]]:
     """(the build's name suffix, its compiler flags)."""
-    isa = cpu_isa()
-    if isa == "AMX":
-        return "avx512_amx", ISA_FLAGS["AVX512"] + VNNI_FLAGS + AMX_FLAGS
+    isa = "AVX512" if cpu_isa() == "AMX" else cpu_isa()
     vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)   # AVX512-VNNI; private
     if isa == "AVX512" and vnni():
         return "avx512_vnni", ISA_FLAGS["AVX512"] + VNNI_FLAGS
@@ -91,16 +87,6 @@ def int4_mm_built() -> bool:
 
 @functools.cache
 def int4_mm() -> bool:
-    """Whether int4 products run on longspec::int4_mm here: a build for AVX2 or AVX-512, and no
-    AMX tiles (those take native.cpp's int4_amx)."""
-    return extension() is not None and int4_mm_built() and amx_int4() is None
-
-
-@functools.cache
-def amx_int4() -> ModuleType | None:
-    """The compiled module where its int4 product on AMX tiles runs here (an AMX CPU, a build,
-    and Linux's leave to use the tiles), else None."""
-    module = extension()
-    if module is None or not hasattr(module, "int4_amx") or not module.amx_ready():
-        return None
-    return module
+    """Whether int4 products run on longspec::int4_mm here: a build for AVX2 or AVX-512 (CPUs
+    with AMX tiles included: the same instructions, so the same bits, as one without)."""
+    return extension() is not None and int4_mm_built()

@@ -1,4 +1,4 @@
-// longspec::int4_mm, the int4 product of CPUs with AVX2 or AVX-512 (without AMX tiles):
+// longspec::int4_mm, the int4 product of CPUs with AVX2 or AVX-512 (AMX's included):
 // y [m, n] = x [m, k] W [n, k']^T with W = q * scale + min per group of 32 along k', q 4-bit.
 // k' is k, or 2k for two 4-bit halves of each weight (`doubled`: group g takes the activations
 // of group g mod k / 32). Or W = q * scale per 16 along k, q signed 8-bit (Q6_K's form: its

@@ -15,8 +15,8 @@ and 2.15, oneDNN; BENCHMARKS.md), and checked on the host at every load (selfche
   rows on; 1 row takes another path (with AVX-512 above K = 1024, with AVX2 at some smaller K
   too): it runs as two rows (FP32_MIN_ROWS). It is also 2-2.5x faster than MKL for 8-16 rows.
 - the int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`, bfloat16 activations) is
-  row-invariant for 1..64 rows as it is; so are native.cpp's on AMX tiles and
-  longspec::int4_mm (int4_mm.cpp), by construction (Int4Linear).
+  row-invariant for 1..64 rows as it is; so is longspec::int4_mm (int4_mm.cpp), by
+  construction (Int4Linear).
 Elsewhere (CUDA), `F.linear`; its invariance is checked where a GPU is at hand.
 """
 
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .compiled import amx_int4, int4_mm
+from .compiled import int4_mm
 
 FP32_MIN_ROWS = 2    # float32 products of 1 row take another path in oneDNN: run as 2
 ONEDNN_MIN_WORK = 16 ** 3   # bfloat16 products with rows * K * N at most this skip oneDNN
@@ -90,30 +90,6 @@ def joined_halves(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
     if not torch.equal(joined.float().double(), joined):
         return None
     return 16 * high + low - 128, low_scale, joined.float()
-
-
-def pack_amx(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel operands in native.cpp's int4_amx layout. 4-bit codes [out, K'] -> uint8
-    [out / 16, K' / 32, 256] (per tile of 16 outputs and group of 32: the bytes of 8 rows of k
-    pairs, each row's 32 codes in the low nibbles, rows 8-15 in the high ones); 8-bit codes ->
-    int8 [out / 16, K' / 32, 512] (the 16 rows as they are). Scales and mins -> [out / 16,
-    K' / 32, 2, 16] in float16 where every one of them is a float16 value (GGUF's Q4_0, Q4_1
-    and Q8_0: 4 bytes a group, not 8), else float32."""
-    out, k = codes.shape
-    tiles, groups = out // 16, k // 32
-    rows = (codes.reshape(tiles, 16, groups, 16, 2).permute(0, 2, 3, 1, 4)
-            .reshape(tiles, groups, 16, 32))
-    if bits == 8:
-        packed = rows.to(torch.int8).reshape(tiles, groups, 512)
-    else:
-        rows = rows.to(torch.uint8)
-        packed = (rows[:, :, :8] | (rows[:, :, 8:] << 4)).reshape(tiles, groups, 256)
-    per_tile = torch.stack([t.float().reshape(tiles, 16, groups).transpose(1, 2)
-                            for t in (scales, mins)], 2)
-    if torch.equal(per_tile.half().float(), per_tile):
-        per_tile = per_tile.half()
-    return packed.contiguous(), per_tile.contiguous()
 
 
 def pack_int4_mm(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int = 4
@@ -209,16 +185,12 @@ class Int4Linear(nn.Module):
     W[n, k] = q[n, k] * scale + min. Formats with more bits (Q8_0, Q5_0, Q5_K) are two 4-bit
     halves along K, the activations given twice (`doubled`).
 
-    On a CPU with AMX tiles the product is native.cpp's `int4_amx`: scales and mins exact
-    (float16 or float32), sum_k q x per group on the tiles, and one pass over the weights for
-    up to 16 rows (a 16-row product costs ~1.3x a 1-row one); two halves whose scales allow it
-    run as one matrix of 8-bit codes (Q8_0, Q5_0, Q5_K). On other CPUs with AVX2 it is
-    longspec::int4_mm: the activations quantized to int8 per 32 as llama.cpp does, integer dot
-    products per group on tiles of 16 outputs, scales and mins exact, two halves joined into
-    8-bit codes where they can be (3-4x ATen's speed for one row, 2-3x for 16; BENCHMARKS.md),
-    for matrices of a multiple of 16 outputs. Without the compiled kernels it is ATen's int4
-    kernel, W = (q - 8) * scale + zero with the scale and zero in bfloat16. All three are
-    row-invariant."""
+    On a CPU with AVX2 (AVX-512 and AMX included) it is longspec::int4_mm: the activations
+    quantized to int8 per 32 as llama.cpp does, integer dot products per group on tiles of 16
+    outputs, scales and mins exact, two halves joined into 8-bit codes where they can be (3-4x
+    ATen's speed for one row, 2-3x for 16; BENCHMARKS.md), for matrices of a multiple of 16
+    outputs. Without the compiled kernels it is ATen's int4 kernel, W = (q - 8) * scale + zero
+    with the scale and zero in bfloat16. Both are row-invariant."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  doubled: bool, bias: torch.Tensor | None = None, group: int = 32,
@@ -232,11 +204,9 @@ class Int4Linear(nn.Module):
         self.group = group
         self.doubled = doubled
         self.out_features = codes.shape[0]
-        self.amx = amx_int4() if group == 32 else None
         # longspec::int4_mm takes tiles of 16 outputs
         self.int4_mm = group in (16, 32) and self.out_features % 16 == 0 and int4_mm()
-        join = self.amx is not None or self.int4_mm
-        joined = joined_halves(codes, scales, mins) if join and doubled else None
+        joined = joined_halves(codes, scales, mins) if self.int4_mm and doubled else None
         if mins is None:
             if not self.int4_mm:
                 raise ValueError("scales per 16 without mins need longspec::int4_mm")
@@ -244,10 +214,7 @@ class Int4Linear(nn.Module):
                                   else pack_int4_mm_16(codes, scales))
         elif joined is not None:      # one 8-bit group where there were two 4-bit ones
             self.doubled = False
-            pack = pack_amx if self.amx is not None else pack_int4_mm
-            packed, scale_zero = pack(*joined, bits=8)
-        elif self.amx is not None:
-            packed, scale_zero = pack_amx(codes, scales, mins, bits=4)
+            packed, scale_zero = pack_int4_mm(*joined, bits=8)
         elif self.int4_mm and factors is not None and not doubled:
             packed, scale_zero = pack_int4_mm_k(codes, *factors)
         elif self.int4_mm:
@@ -270,11 +237,7 @@ class Int4Linear(nn.Module):
         output comes in x's dtype. int4_mm rounds float32 ones to int8 as they are."""
         direct = self.int4_mm and x.dtype == torch.float32
         xin = x if x.dtype == torch.bfloat16 or direct else x.to(torch.bfloat16)
-        if self.amx is not None:
-            # float32 activations get float32 outputs (the tiles' sums unrounded)
-            y = self.amx.int4_amx(xin, self.packed, self.scale_zero, self.doubled,
-                                  x.dtype == torch.float32)
-        elif self.int4_mm:
+        if self.int4_mm:
             y = torch.ops.longspec.int4_mm(xin, self.packed, self.scale_zero)
         else:
             if self.doubled:

@@ -1,19 +1,22 @@
-"""The decoder layers of a quantized CPU model, run by one compiled function.
+"""Attention as the operator longspec::attention, and the decoder layers of a quantized CPU model
+run by one compiled function.
+
+Attention of a bfloat16 model on a CPU runs as native.cpp's loops (`loop_attention`, registered
+as longspec::attention) at every length, for heads of a multiple of 16 (others take
+attention.py's products): one arithmetic per position, whatever the run's length, so a
+generation's first tokens do not depend on how long it will be. Every forward (prefill,
+decoding, drafts) takes them, so the prompt's cache is what decoding would write and every row
+is what its token gets alone. Against the products (oneDNN) they cost 0.2-0.66x on a CPU with
+only AVX2 (300 to 4K positions) and 0.76-1.25x on AVX-512 without AMX (more than the products
+past ~2K positions; BENCHMARKS.md). CPUs with AMX run the same loops (and int4_mm), so the same
+bits, as those with AVX-512 alone.
 
 A decoding step of SmolLM2-135M makes ~2,000 framework calls, most of them views, slices and
 casts of a microsecond or two of work, and from Python each costs more than its work: a step's
-products take ~6 ms of its ~18 (BENCHMARKS.md). native.cpp makes the same ATen calls in the same
-order from C++ (`Block.forward` with `grouped_attention`, chains and draft trees alike), so its
-output is bitwise the Python path's (tests/test_native.py) at ~0.6× the time of a step.
-
-Attention runs as native.cpp's loops (`loop_attention`) at every length, for heads of a
-multiple of 16 (others take the products): one arithmetic per position, whatever the run's
-length, so a generation's first tokens do not depend on how long it will be. Every forward
-(prefill, decoding, drafts) takes them, so the prompt's cache is what decoding would write and
-every row is what its token gets alone; their output is within bfloat16 rounding of the Python
-path's, not bitwise it. Against the products (oneDNN) they cost 0.2-0.66x on a CPU with only
-AVX2 (300 to 4K positions), 0.6-0.86x on one with AMX (to 16K), and 0.76-1.25x on AVX-512
-without AMX (more than the products past ~2K positions; BENCHMARKS.md).
+products take ~6 ms of its ~18 (BENCHMARKS.md). For a quantized model native.cpp makes the same
+calls in the same order from C++ (`Block.forward` with longspec::attention, chains and draft
+trees alike), so its output is bitwise the Python layers' (tests/test_native.py) at ~0.6x the
+time of a step.
 
 It is compiled on first use (compiled.py). Without a C++ compiler, or with LONGSPEC_NATIVE=0 in
 the environment, the layers run in Python.
@@ -25,9 +28,9 @@ from types import ModuleType
 
 import torch
 
-from ..cache.base import CHUNK, AttentionPlan, KVCache
-from .compiled import amx_int4, extension
-from .linear import Int4Linear, RowParts, min_rows
+from ..cache.base import AttentionPlan, KVCache
+from .compiled import extension
+from .linear import Int4Linear, RowParts
 
 
 def _products(net) -> list:
@@ -60,19 +63,7 @@ class NativeLayers:
                            else [t for b in blocks for t in (b.q_norm, b.k_norm)])
         layers.products = [_parts(module, p) for p in _products(net)]
         layers.heads, layers.kv_heads, layers.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        layers.min_bucket = min_rows(c.head_dim, CHUNK)
         layers.eps, layers.scale = c.rms_norm_eps, c.head_dim ** -0.5
-        # attention as loops (heads in whole vectors of 16), else as products: at every length
-        layers.loops = c.head_dim % 16 == 0
-        layers.tiles = amx_int4() is not None     # the loops' scores (and p . v) on AMX tiles
-
-    @property
-    def loops(self) -> bool:
-        return self.layers.loops
-
-    @loops.setter
-    def loops(self, value: bool) -> None:
-        self.layers.loops = value
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                  plan: AttentionPlan, queries: bool
@@ -83,12 +74,17 @@ class NativeLayers:
         return out, last_queries if queries else None
 
 
+def attention_loops(net) -> bool:
+    """Whether `net`'s attention runs as longspec::attention: a bfloat16 model on a CPU, heads
+    of a multiple of 16, and the compiled code built."""
+    return (net.device.type == "cpu" and net.dtype == torch.bfloat16
+            and net.config.head_dim % 16 == 0 and extension() is not None)
+
+
 def native_layers(net) -> NativeLayers | None:
-    """The compiled layers for `net` where they apply: a CPU model in bfloat16 with int4
-    products (a quantized GGUF or `--quantize`); otherwise None."""
-    if net.device.type != "cpu" or net.dtype != torch.bfloat16:
+    """The compiled layers for `net` where they apply: a model whose attention runs as
+    longspec::attention, with int4 products (a quantized GGUF or `--quantize`); otherwise
+    None."""
+    if not attention_loops(net) or not any(isinstance(p, Int4Linear) for p in _products(net)):
         return None
-    if not any(isinstance(p, Int4Linear) for p in _products(net)):
-        return None
-    module = extension()
-    return None if module is None else NativeLayers(module, net)
+    return NativeLayers(extension(), net)

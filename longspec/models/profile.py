@@ -11,8 +11,7 @@ Switches that choose a profile (README, "Kernel profiles"):
 - LONGSPEC_NATIVE=0: the Python layers instead of the compiled ones (native.py).
 - ATEN_CPU_CAPABILITY=avx2 | avx512 | default: PyTorch's kernels, and the compiled layers'
   build, act as that CPU.
-- ONEDNN_MAX_CPU_ISA=AVX2 | AVX512_CORE | ...: oneDNN acts as that CPU; anything short of AMX
-  also keeps the compiled int4 product and attention off the AMX tiles.
+- ONEDNN_MAX_CPU_ISA=AVX2 | AVX512_CORE | ...: oneDNN (the dense products) acts as that CPU.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ class KernelProfile:
     dtype: str           # the activations
     layers: str          # "compiled" (native.cpp) or "python"
     attention: str       # "loops" (native.cpp, every length) or "products" (attention.py)
-    # "amx" (native.cpp's tiles), "int4_mm" (int4_mm.cpp, AVX2 or AVX-512), "aten", or ""
+    # "int4_mm" (int4_mm.cpp, AVX2 or AVX-512), "aten", or ""
     # without int4 weights; "+" joins several (a matrix whose shape int4_mm does not take, one
     # of fewer than 16 outputs or a multiple of 16 plus some, runs on ATen's)
     int4_kernel: str
@@ -61,13 +60,12 @@ def kernel_profile(net, row_check: str = "not run") -> KernelProfile:
     cpu = net.device.type == "cpu"
     int4 = [m for m in net.modules() if isinstance(m, Int4Linear)]
     dtype = str(net.dtype).removeprefix("torch.")
-    loops = net.native is not None and net.native.loops
     return KernelProfile(
         device="cpu" if cpu else torch.cuda.get_device_name(net.device),
         isa=cpu_isa() if cpu else "", onednn_max_isa=onednn_max_isa() if cpu else "",
         torch=torch.__version__, weights="int4" if int4 else dtype, dtype=dtype,
         layers="compiled" if net.native is not None else "python",
-        attention="loops" if loops else "products",
+        attention="loops" if net.loops else "products",
         int4_kernel=int4_kernel(int4),
         rows=(f"chunk={CHUNK} fp32_min_rows={linear.FP32_MIN_ROWS} "
               f"onednn_min_work={linear.ONEDNN_MIN_WORK} max_rows={linear.MAX_ROWS}"),
@@ -76,5 +74,5 @@ def kernel_profile(net, row_check: str = "not run") -> KernelProfile:
 
 def int4_kernel(modules: list[Int4Linear]) -> str:
     """The int4 kernels `modules` run on (KernelProfile.int4_kernel)."""
-    kinds = {"amx" if m.amx is not None else "int4_mm" if m.int4_mm else "aten" for m in modules}
-    return "+".join(k for k in ("amx", "int4_mm", "aten") if k in kinds)
+    kinds = {"int4_mm" if m.int4_mm else "aten" for m in modules}
+    return "+".join(k for k in ("int4_mm", "aten") if k in kinds)

@@ -19,7 +19,7 @@ from ..cache.base import AttentionPlan, KVCache
 from .attention import block_order, grouped_attention
 from .config import ModelConfig
 from .linear import DenseLinear, Int4Linear
-from .native import native_layers
+from .native import attention_loops, native_layers
 from .rope import apply_rope, dynamic_frequencies, rope_cos_sin, rope_frequencies
 
 
@@ -51,9 +51,10 @@ class Block(nn.Module):
         self.wqkv, self.wo = w["wqkv"], w["wo"]
         self.w_gate_up, self.w_down = w["w_gate_up"], w["w_down"]
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan
+    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan, loops: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's output [q, hidden] and its rotated queries [q, heads, head_dim]."""
+        """The layer's output [q, hidden] and its rotated queries [q, heads, head_dim];
+        attention as longspec::attention where `loops` (native.py), else as products."""
         c = self.config
         q_len = x.shape[0]
         eps = c.rms_norm_eps
@@ -69,8 +70,9 @@ class Block(nn.Module):
         qk = apply_rope(qk, cos, sin)            # queries and keys rotated in one go
         q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
         keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
-        out = grouped_attention(q, keys, values, plan.start, plan.block_mask, plan.block_order,
-                                c.head_dim ** -0.5)
+        attention = torch.ops.longspec.attention if loops else grouped_attention
+        out = attention(q, keys, values, plan.start, plan.block_mask, plan.block_order,
+                        c.head_dim ** -0.5)
         x = x + self.wo(out)
         h = F.rms_norm(x, (c.hidden_size,), self.mlp_norm, eps)
         gate, up = self.w_gate_up(h).chunk(2, dim=-1)
@@ -90,7 +92,8 @@ class Transformer(nn.Module):
         self.norm = _frozen(norm)
         self.lm_head = lm_head
         self.layers = nn.ModuleList(Block(config, w) for w in layers)
-        self.native = native_layers(self)   # the compiled layers, where they apply (native.py)
+        self.loops = attention_loops(self)  # attention as longspec::attention (native.py)
+        self.native = native_layers(self)   # the compiled layers, where they apply
         inv_freq, self.rope_scale = rope_frequencies(config.rope, config.head_dim)
         self.inv_freq = inv_freq.to(self.device)
 
@@ -157,7 +160,7 @@ class Transformer(nn.Module):
         else:
             queries = [] if return_queries else None
             for i, layer in enumerate(self.layers):
-                x, q = layer(x, cos, sin, i, cache, plan)
+                x, q = layer(x, cos, sin, i, cache, plan, self.loops)
                 if queries is not None:
                     queries.append(q[-1])
         logits = None
