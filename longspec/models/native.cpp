@@ -252,27 +252,43 @@ Tensor scratch(int slot, at::IntArrayRef shape) {
   return at::from_blob(buffer.data(), shape, at::kFloat);
 }
 
-// The scores of keys [j0, j1) for `count` (at most 4) query rows from q (rows d apart, 4 of
-// them readable) into out (rows `stride` apart), times scale; D: d known when compiled (0: not).
+// A head's keys or values: slot j at data + j * stride.
+struct Slots {
+  const at::BFloat16* data;
+  int64_t stride;
+};
+
+// `count` (at most 4) rows of floats, `stride` apart.
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t stride, count;
+};
+
+// The scores of keys [j0, j1) for out.count query rows from q (rows d apart, 4 of them
+// readable) into out, times scale; D: d known when compiled (0: not).
 template <int64_t D>
-void score_keys(const float* __restrict__ q, int64_t d, const at::BFloat16* __restrict__ keys,
-                int64_t ks, int64_t j0, int64_t j1, float* __restrict__ out, int64_t stride,
-                int64_t count, float scale) {
+void score_keys(const float* __restrict__ q, int64_t d, Slots keys, int64_t j0, int64_t j1,
+                Rows<float> out, float scale) {
+  const at::BFloat16* __restrict__ k = keys.data;
+  float* __restrict__ o = out.data;
   for (int64_t j = j0; j < j1; ++j) {
     float four[4];
-    dots<4>(q, D ? D : d, keys + j * ks, four);
-    for (int64_t i = 0; i < count; ++i) out[i * stride + j] = four[i] * scale;
+    dots<4>(q, D ? D : d, k + j * keys.stride, four);
+    for (int64_t i = 0; i < out.count; ++i) o[i * out.stride + j] = four[i] * scale;
   }
 }
 
-// acc (4 rows of d) += p * v over keys [j0, j1), in order, for `count` rows of probabilities
-// (rows `stride` apart), skipping p == 0; D as for score_keys. With D known, 64 columns at a
-// time stay in registers over all the keys (each element's sum still runs over the keys in
-// order: the same operations as add_scaled's).
+// acc (4 rows of d) += p * v over keys [j0, j1), in order, for the rows of probabilities
+// `probs`, skipping p == 0; D as for score_keys. With D known, 64 columns at a time stay in
+// registers over all the keys (each element's sum still runs over the keys in order: the same
+// operations as add_scaled's).
 template <int64_t D>
-void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64_t stride,
-                     int64_t count, const at::BFloat16* __restrict__ values, int64_t vs,
-                     int64_t j0, int64_t j1, int64_t d) {
+void accumulate_keys(float* __restrict__ acc, Rows<const float> probs, Slots slots, int64_t j0,
+                     int64_t j1, int64_t d) {
+  const float* __restrict__ p = probs.data;
+  const at::BFloat16* __restrict__ values = slots.data;
+  const int64_t stride = probs.stride, count = probs.count, vs = slots.stride;
   if constexpr (D % 64 == 0 && D > 0) {
     constexpr int64_t V = 64 / LANES;
     for (int64_t c = 0; c < D; c += 64) {
@@ -362,7 +378,7 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       for (int64_t r = h * rows; r < (h + 1) * rows; r += 4) {
         int64_t count = std::min<int64_t>(4, (h + 1) * rows - r);
         auto run = [&](int64_t j0, int64_t j1) {
-          if (j0 < j1) score(pq + r * d, d, keys, ks, j0, j1, ps + r * padded, padded, count,
+          if (j0 < j1) score(pq + r * d, d, {keys, ks}, j0, j1, {ps + r * padded, padded, count},
                              scalef);
         };
         if (pord) {
@@ -411,7 +427,7 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       int64_t c0 = chunk * CHUNK, c1 = std::min((chunk + 1) * CHUNK, n);
       auto run = [&](int64_t j0, int64_t j1) {
         if (j0 < j1)
-          accumulate(acc.data(), pp + r0 * padded, padded, r1 - r0, values, vs, j0, j1, d);
+          accumulate(acc.data(), {pp + r0 * padded, padded, r1 - r0}, {values, vs}, j0, j1, d);
       };
       if (!pord) {
         run(c0, c1);
