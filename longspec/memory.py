@@ -73,10 +73,13 @@ class PeakMemory:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *exc) -> None:
         if self.device.type == "cuda":
             self.peak = torch.cuda.max_memory_allocated(self.device)
         else:
             self._stop.set()
             self._thread.join()
-            self.peak = max(self.peak, self._rss())
+            # a generation abandoned unfinished (a stream closed, perhaps as the interpreter
+            # exits, when files can no longer be opened) reports no peak
+            if kind is not GeneratorExit:
+                self.peak = max(self.peak, self._rss())
