@@ -279,19 +279,28 @@ void score_keys(const float* __restrict__ q, int64_t d, Slots keys, int64_t j0, 
   }
 }
 
+// Columns of acc kept in registers over the keys: 4 rows of 64 take 16 of AVX-512's 32 vector
+// registers; with AVX2's 16, 4 rows of 16 (64 would spill: an 8-node tree's attention at 2K
+// positions 1.4x slower). Each element's sum is the same either way.
+#if defined(__AVX512F__)
+constexpr int64_t COLUMNS = 64;
+#else
+constexpr int64_t COLUMNS = 16;
+#endif
+
 // acc (4 rows of d) += p * v over keys [j0, j1), in order, for the rows of probabilities
-// `probs`, skipping p == 0; D as for score_keys. With D known, 64 columns at a time stay in
-// registers over all the keys (each element's sum still runs over the keys in order: the same
-// operations as add_scaled's).
+// `probs`, skipping p == 0; D as for score_keys. With D known, COLUMNS columns at a time stay
+// in registers over all the keys (each element's sum still runs over the keys in order: the
+// same operations as add_scaled's).
 template <int64_t D>
 void accumulate_keys(float* __restrict__ acc, Rows<const float> probs, Slots slots, int64_t j0,
                      int64_t j1, int64_t d) {
   const float* __restrict__ p = probs.data;
   const at::BFloat16* __restrict__ values = slots.data;
   const int64_t stride = probs.stride, count = probs.count, vs = slots.stride;
-  if constexpr (D % 64 == 0 && D > 0) {
-    constexpr int64_t V = 64 / LANES;
-    for (int64_t c = 0; c < D; c += 64) {
+  if constexpr (D % COLUMNS == 0 && D > 0) {
+    constexpr int64_t V = COLUMNS / LANES;
+    for (int64_t c = 0; c < D; c += COLUMNS) {
       lanes_t a[4][V];
       for (int r = 0; r < 4; ++r)
         for (int64_t i = 0; i < V; ++i) a[r][i] = load_lanes(acc + r * D + c + i * LANES);
