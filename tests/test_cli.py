@@ -67,6 +67,7 @@ def test_demo_command_prints_a_summary_line(capsys):
 
 
 @pytest.mark.network
+@pytest.mark.slow
 def test_demo_on_smollm2_exits_0_with_an_answer_that_does_not_loop(capsys):
     try:
         longspec.fetch_model("smollm2")

@@ -100,6 +100,7 @@ def test_triforce_rejection_sampling_converges_to_target_distribution(models):
     check_converges(run(models, "triforce", SAMPLES, TRIFORCE), exact_joint(models[0]))
 
 
+@pytest.mark.slow
 def test_triforce_middle_level_samples_the_retrieval_targets_distribution(models):
     target, draft = models
     engine, prompt = prepare(target, Request(PROMPT, max_new_tokens=2, method="triforce",
