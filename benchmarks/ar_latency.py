@@ -6,6 +6,8 @@ bandwidth roofline for the same bytes (weights + KV read per token / measured ba
     python benchmarks/ar_latency.py --model demo --contexts 2048,8192,32768 \\
         --dtypes float32,bfloat16
     python benchmarks/ar_latency.py --model random-40m --contexts 2048,8192,32768
+    python benchmarks/ar_latency.py --model qwen-coder-1.5b --dtypes int4 --no-hf \
+        --random-cache --contexts 1024,8192,32000
 """
 
 from __future__ import annotations
@@ -44,10 +46,22 @@ def prefilled_cache(model, context: int, room: int) -> StaticCache:
     return cache
 
 
-def ours_ms(model, context: int, steps: int) -> float:
-    """ms per decode step of the engine's `ar` path with `context` tokens cached."""
+def random_cache(model, context: int, room: int) -> StaticCache:
+    """A cache holding `context` slots of random keys and values (what they hold does not change
+    a step's work; a prefill of 32K positions takes longer than the steps measured after it)."""
+    cache = StaticCache(model.config, context + room, model.dtype, model.device)
+    g = torch.Generator().manual_seed(0)
+    for t in cache.k + cache.v:
+        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+    cache.commit(context)
+    return cache
+
+
+def ours_ms(model, context: int, steps: int, random: bool = False) -> float:
+    """ms per decode step of the engine's `ar` path with `context` tokens cached (prefilled, or
+    random with `random`)."""
     net = model.net
-    cache = prefilled_cache(model, context, steps + 2)
+    cache = (random_cache if random else prefilled_cache)(model, context, steps + 2)
     res = []
     token = torch.tensor([1])
     for i in range(steps + 2):
@@ -89,6 +103,8 @@ def main() -> None:
                    "int4 (a quantized GGUF kept quantized; the others dequantize it)")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--random-cache", action="store_true",
+                   help="fill the cache with random keys and values instead of a prefill")
     args = p.parse_args()
     path = random_40m(tempfile.mkdtemp()) if args.model == "random-40m" else args.model
     bandwidth = measure_bandwidth(torch.device("cpu"))
@@ -100,7 +116,7 @@ def main() -> None:
             model = longspec.load_model(path, dtype=dtype_name, device="cpu", dequantize=True)
         kv = model.config.kv_bytes_per_token(model.dtype.itemsize)
         for context in (int(c) for c in args.contexts.split(",")):
-            ours = ours_ms(model, context, args.steps)
+            ours = ours_ms(model, context, args.steps, args.random_cache)
             hf = None if args.no_hf else hf_ms(model, context, args.steps)
             roof = roofline_ms(weight_bytes(model), kv, context, bandwidth)
             row = {"model": args.model, "dtype": dtype_name, "context": context,

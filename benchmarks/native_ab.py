@@ -15,7 +15,7 @@ import statistics
 import time
 
 import torch
-from ar_latency import prefilled_cache
+from ar_latency import prefilled_cache, random_cache
 
 import longspec
 from longspec.tree import TreeShape
@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--contexts", default="300,1024,4096")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--random-cache", action="store_true",
+                    help="fill the cache with random keys and values instead of a prefill")
     args = ap.parse_args()
     model = longspec.load_model(args.model, device="cpu")
     net, native = model.net, model.net.native
@@ -50,7 +52,7 @@ def main() -> None:
     print("context nodes products_ms loops_ms compiled_ms loops/products compiled/loops")
     variants = {"products": (None, False), "loops": (None, True), "compiled": (native, True)}
     for context in map(int, args.contexts.split(",")):
-        cache = prefilled_cache(model, context, 16)
+        cache = (random_cache if args.random_cache else prefilled_cache)(model, context, 16)
         for shape in (TreeShape([-1], cpu), TreeShape(TREE, cpu)):
             q = len(shape.depth)
             tokens = torch.randint(0, model.config.vocab_size, (q,))

