@@ -14,7 +14,9 @@ weight bandwidth a plain step achieves (every matrix read once per token, as gpt
     python benchmarks/chat_bench.py --model smollm2 --dtype bfloat16 --new-tokens 1024 \\
         --methods ar,auto,suffix,recycling,pld,hf,hf-pld --settings greedy,t07 --out chat.json
 
-A method may carry options, as in `longspec bench`: `tokenswift[ngram_top_k=0]`.
+A method may carry options, as in `longspec bench`: `tokenswift[ngram_top_k=0]`. With --sharegpt
+the prompts are the first questions of ShareGPT's held-out conversations (`longspec fetch
+sharegpt`; those of 50 to 2,000 characters, in the file's order) instead of the ones below.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from longspec.bench.peers import PEERS, Peers, peer_status
 from longspec.bench.runner import parse_entry
 from longspec.drafters import METHODS
 from longspec.request import encode_prompt
+from longspec.zoo.sharegpt import conversations, held_out
 
 PROMPTS = [
     ("Write a Python module that implements an LRU cache with a time-to-live for each entry, "
@@ -88,6 +91,21 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def sharegpt_prompts(n: int) -> list[str]:
+    """The first `n` first questions of ShareGPT's held-out conversations of 50 to 2,000
+    characters."""
+    from longspec.models.sources import fetch_data
+
+    prompts = []
+    for c in conversations(fetch_data("sharegpt")):
+        if held_out(c) and c.turns and c.turns[0][0] == "human" \
+                and 50 <= len(c.turns[0][1]) <= 2000:
+            prompts.append(c.turns[0][1])
+            if len(prompts) == n:
+                break
+    return prompts
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="smollm2")
@@ -96,6 +114,8 @@ def main() -> None:
     p.add_argument("--methods", default="ar,auto,suffix,recycling,pld,hf,hf-pld")
     p.add_argument("--settings", default="greedy,t07")
     p.add_argument("--prompts", type=int, default=len(PROMPTS))
+    p.add_argument("--sharegpt", action="store_true", help="prompts from ShareGPT's held-out "
+                   "conversations")
     p.add_argument("--repeats", type=int, default=1, help="runs per method (median reported)")
     p.add_argument("--draft-model", help="draft model (methods draft, triforce)")
     p.add_argument("--out", default="chat_bench.json")
@@ -117,7 +137,8 @@ def main() -> None:
     rows = []
     for setting in args.settings.split(","):
         sampling = SETTINGS[setting]
-        for k, text in enumerate(PROMPTS[:args.prompts]):
+        prompts = sharegpt_prompts(args.prompts) if args.sharegpt else PROMPTS[:args.prompts]
+        for k, text in enumerate(prompts):
             ids = encode_prompt(model, [{"role": "user", "content": text}])
             run_one(model, draft, peers, "ar", ids, 16, sampling)               # warm-up
             runs = {m: [] for m in methods}

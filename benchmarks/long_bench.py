@@ -21,7 +21,7 @@ import json
 import time
 
 import torch
-from chat_bench import PROMPTS
+from chat_bench import PROMPTS, sharegpt_prompts
 from chat_bench import SETTINGS as CHAT_SETTINGS
 
 import longspec
@@ -76,6 +76,8 @@ def main() -> None:
                    help="ar writes only this many tokens, the others are compared over them")
     p.add_argument("--setting", default="greedy", choices=sorted(SETTINGS))
     p.add_argument("--prompt", type=int, default=0, help="index of chat_bench's prompts")
+    p.add_argument("--sharegpt", action="store_true", help="--prompt indexes ShareGPT's "
+                   "held-out questions (chat_bench.py --sharegpt) instead")
     p.add_argument("--segment", type=int, default=1024)
     p.add_argument("--out", default="long_bench.json")
     args = p.parse_args()
@@ -83,7 +85,8 @@ def main() -> None:
     draft = (None if args.draft_model is None
              else longspec.load_model(args.draft_model, dtype=str(model.dtype)[6:], device="cpu"))
     print(model.profile, flush=True)
-    ids = encode_prompt(model, [{"role": "user", "content": PROMPTS[args.prompt]}])
+    text = sharegpt_prompts(args.prompt + 1)[-1] if args.sharegpt else PROMPTS[args.prompt]
+    ids = encode_prompt(model, [{"role": "user", "content": text}])
     sampling = SETTINGS[args.setting]
     methods = args.methods.split(",")
     if args.check_tokens and "ar" not in methods:
@@ -109,7 +112,8 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"model": args.model, "draft_model": args.draft_model,
                    "kernel_profile": model.profile.as_dict(), "setting": args.setting,
-                   "prompt": args.prompt, "threads": torch.get_num_threads(),
+                   "prompt": args.prompt, "sharegpt": args.sharegpt,
+                   "threads": torch.get_num_threads(),
                    "rows": [r["row"] for r in results.values()]}, f, indent=1)
 
 
