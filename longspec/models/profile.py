@@ -8,7 +8,8 @@ not) gives other bits and so, sooner or later, other tokens. So the profile is n
 recorded with every run (stats, the sidecar, the server) and compared on resume.
 
 Switches that choose a profile (README, "Kernel profiles"):
-- LONGSPEC_NATIVE=0: the Python layers instead of the compiled ones (native.py).
+- LONGSPEC_NATIVE=0: no compiled code (native.py): the Python layers, attention as products,
+  ATen's int4 kernel.
 - ATEN_CPU_CAPABILITY=avx2 | avx512 | default: PyTorch's kernels, and the compiled layers'
   build, act as that CPU.
 - ONEDNN_MAX_CPU_ISA=AVX2 | AVX512_CORE | ...: oneDNN (the dense products) acts as that CPU.
