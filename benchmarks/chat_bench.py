@@ -32,6 +32,7 @@ import longspec
 from longspec.bench.peers import PEERS, Peers, peer_status
 from longspec.bench.runner import parse_entry
 from longspec.drafters import METHODS
+from longspec.models.sources import fetch_data
 from longspec.request import encode_prompt
 from longspec.zoo.sharegpt import conversations, held_out
 
@@ -94,8 +95,6 @@ def geomean(xs: list[float]) -> float:
 def sharegpt_prompts(n: int) -> list[str]:
     """The first `n` first questions of ShareGPT's held-out conversations of 50 to 2,000
     characters."""
-    from longspec.models.sources import fetch_data
-
     prompts = []
     for c in conversations(fetch_data("sharegpt")):
         if held_out(c) and c.turns and c.turns[0][0] == "human" \

@@ -19,8 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 from ar_latency import prefilled_cache
+from native_ab import compiled_model
 
-import longspec
 from longspec.models.attention import block_order
 from longspec.tree import TreeShape
 
@@ -34,11 +34,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
-    model = longspec.load_model(args.model, device="cpu")
+    model = compiled_model(args.model)
     net = model.net
-    if net.native is None:
-        raise SystemExit(f"{args.model} has no compiled layers (not a quantized CPU model, "
-                         "or no compiler; see README)")
 
     def layers(x, cos, sin, cache, plan):
         for i, layer in enumerate(net.layers):

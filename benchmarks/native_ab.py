@@ -34,6 +34,15 @@ def median_ms(net, block: tuple, reps: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def compiled_model(name: str):
+    """The model `name` loaded on the CPU, refused unless its layers run compiled."""
+    model = longspec.load_model(name, device="cpu")
+    if model.net.native is None:
+        raise SystemExit(f"{name} has no compiled layers (not a quantized CPU model, or no "
+                         "compiler; see README)")
+    return model
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2")
@@ -43,11 +52,8 @@ def main() -> None:
     ap.add_argument("--random-cache", action="store_true",
                     help="fill the cache with random keys and values instead of a prefill")
     args = ap.parse_args()
-    model = longspec.load_model(args.model, device="cpu")
+    model = compiled_model(args.model)
     net, native = model.net, model.net.native
-    if native is None:
-        raise SystemExit(f"{args.model} has no compiled layers (not a quantized CPU model, "
-                         "or no compiler; see README)")
     cpu = torch.device("cpu")
     print("context nodes products_ms loops_ms compiled_ms loops/products compiled/loops")
     variants = {"products": (None, False), "loops": (None, True), "compiled": (native, True)}

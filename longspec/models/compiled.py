@@ -45,7 +45,7 @@ def cpu_isa() -> str:
 
 def _instruction_set() -> tuple[str, list[str]]:
     """(the build's name suffix, its compiler flags)."""
-    isa = "AVX512" if cpu_isa() == "AMX" else cpu_isa()
+    isa = cpu_isa().replace("AMX", "AVX512")     # AMX CPUs take the AVX-512 build
     vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)   # AVX512-VNNI; private
     if isa == "AVX512" and vnni():
         return "avx512_vnni", ISA_FLAGS["AVX512"] + VNNI_FLAGS
