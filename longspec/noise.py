@@ -92,9 +92,15 @@ class PositionNoise:
             self._rows.update(zip(missing, fresh))
         return torch.stack([self._rows[t] for t in range(first, first + count)])
 
-    def add(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def add(self, scores: torch.Tensor, positions: torch.Tensor,
+            columns: torch.Tensor | None = None) -> torch.Tensor:
         """scores [m, vocab] plus the noise of each row's absolute position [m]. A -inf score
-        stays -inf, so where few are finite (top-p, top-k) only those entries get noise."""
+        stays -inf, so where few are finite (top-p, top-k) only those entries get noise. With
+        `columns` (token ids [c]) the scores [m, c] are of those tokens."""
+        if columns is not None:
+            first = int(positions.min())
+            rows = self.rows(first, int(positions.max()) - first + 1)[positions - first]
+            return scores + rows[:, columns]
         rows, tokens = (scores != float("-inf")).nonzero(as_tuple=True)
         if len(rows) >= SPARSE_FRACTION * scores.numel():
             first = int(positions.min())

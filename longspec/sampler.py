@@ -66,22 +66,26 @@ class Sampler:
         return processed, int(self._choose(processed, position)[0])
 
     def guess_scores(self, logits: torch.Tensor, first_depth: int, noise: bool = True,
-                     same_depth: bool = False) -> torch.Tensor:
+                     same_depth: bool = False, columns: torch.Tensor | None = None
+                     ) -> torch.Tensor:
         """Scores [m, vocab] whose top entries are the likeliest choices at depths
         first_depth .. first_depth + m - 1 below the root (all at first_depth when
         `same_depth`: tree nodes of one level): processed logits (penalty over the committed
         window) plus, when sampling, each position's own Gumbel noise, so that a drafter
         guessing from an approximate distribution aims at the token the target will actually
-        pick."""
+        pick. With `columns` (token ids [c]) the logits [m, c] are of those tokens only, and
+        so are the scores."""
         m = logits.shape[0]
         present = None
         if self.penalty is not None:
             present = self.penalty.presence_after([]).expand(m, -1)
+            if columns is not None:
+                present = present[:, columns]
         scores = process_logits(logits, self.config, present)
         if noise and self.noise is not None:
             depths = (torch.zeros(m, dtype=torch.long, device=self.device) if same_depth
                       else torch.arange(m, device=self.device))
-            scores = self.noise.add(scores, depths + self.length - 1 + first_depth)
+            scores = self.noise.add(scores, depths + self.length - 1 + first_depth, columns)
         return scores
 
     def _choose(self, processed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

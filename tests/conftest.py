@@ -53,11 +53,14 @@ def demo_data() -> list[Path]:
 
 @pytest.fixture(scope="session")
 def demo_eagle(tmp_path_factory) -> Path:
-    """The directory of an EAGLE drafter for the demo model: 30 steps of 2 x 128 tokens."""
+    """The directory of an EAGLE drafter for the demo model: 30 steps of 2 x 128 tokens, guessing
+    among the data's 1024 most frequent tokens (so that drafting over a draft vocabulary is what
+    the exactness tests run)."""
     from longspec.heads.train import DrafterTraining, train_drafter
 
     out = tmp_path_factory.mktemp("demo_eagle")
     model = longspec.load_model("demo", dtype="float32", device="cpu")
-    cfg = DrafterTraining(kind="eagle", steps=30, batch_size=2, seq_len=128, warmup_steps=3)
+    cfg = DrafterTraining(kind="eagle", steps=30, batch_size=2, seq_len=128, warmup_steps=3,
+                          draft_vocab=1024)
     train_drafter(model, demo_data(), cfg, out=out, progress=False)
     return out

@@ -3,16 +3,21 @@ continues to the weights of an uninterrupted one, checkpoints and drafters of ot
 models are refused, bad settings are named."""
 
 import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import assert_matches_ar, make_checkpoint
 
 import longspec
 from longspec.cli import main
 from longspec.heads import load_eagle
-from longspec.heads.data import data_files
-from longspec.heads.train import DrafterTraining, train_drafter
+from longspec.heads.data import TargetFeatures, chat_stream, chat_tokens, data_files
+from longspec.heads.eagle import EagleDrafterNet, FeatureCache
+from longspec.heads.objectives import eagle_losses, implied_length
+from longspec.heads.train import DrafterTraining, train_drafter, training_data
 
 TINY = {"batch_size": 2, "seq_len": 48, "warmup_steps": 2}
 
@@ -29,7 +34,7 @@ def test_eagle_training_lowers_held_out_loss_and_round_trips(tiny_model, text_fi
     assert record["held_out_loss_after"] < record["held_out_loss_before"] - 0.1
     assert record["agreement_after"][0] > record["agreement_before"][0]
     saved = json.loads((tmp_path / "eagle.json").read_text())
-    assert saved["training"]["steps"] == 12 and saved["format"] == 1
+    assert saved["training"]["steps"] == 12 and saved["format"] == 2
     assert len(saved["loss_curve"]) == 12 and saved["data"] == [str(text_file)]
     drafter = load_eagle(tmp_path, tiny_model)
     # saved in bfloat16, loaded into the model's dtype
@@ -152,6 +157,12 @@ def test_eagle_with_a_draft_vocabulary_learns_guesses_only_frequent_tokens_and_i
     text = text_file.read_text()
     vocab = drafter.vocab.tolist()
     assert vocab == sorted(set(vocab)) and len(vocab) == 24
+    # the map back: token id -> draft index -> token id; -1 outside the draft vocabulary
+    every = torch.arange(tiny_model.config.vocab_size)
+    index = drafter.draft_index(every, tiny_model.config.vocab_size)
+    assert torch.equal(drafter.vocab[index[drafter.vocab]], drafter.vocab)
+    assert torch.equal(index[drafter.vocab], torch.arange(24))
+    assert (index >= 0).sum() == 24
     assert set(vocab) <= set(text.encode()) and {ord(" "), ord("o"), ord("e")} <= set(vocab)
     prompt = list(text[:40].encode())
     sampling = longspec.SamplingConfig(temperature=0)
@@ -163,3 +174,99 @@ def test_eagle_with_a_draft_vocabulary_learns_guesses_only_frequent_tokens_and_i
 def test_draft_vocabulary_must_not_be_negative():
     with pytest.raises(ValueError, match="draft_vocab must be 0"):
         DrafterTraining(draft_vocab=-1).validate()
+
+
+def test_unrolled_training_sees_what_drafting_sees(tiny_model):
+    """Step k of the training-time test at index i computes what drafting computes for the
+    depth-k node after the root at position i + 1: the committed pairs' keys, its ancestors'
+    and its own."""
+    torch.manual_seed(0)
+    eagle = EagleDrafterNet.for_model(tiny_model)
+    for p in eagle.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.1)
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (1, 12))
+    features = torch.randn(1, 12, tiny_model.config.hidden_size)
+    embeds = F.embedding(tokens, tiny_model.net.embed).float()
+    unrolled = eagle.unroll(embeds, features, 3)
+    i = 5
+    root = i + 1
+    cache = FeatureCache(eagle.shape, 32, torch.float32, "cpu")
+    causal = torch.full((root, root), float("-inf")).triu(1)
+    guess = eagle(embeds[0, 1:root + 1], features[0, :root], torch.arange(1, root + 1), cache, 0,
+                  causal)[-1:]
+    torch.testing.assert_close(guess[0], unrolled[0][0, i])
+    for depth in (1, 2):            # a chain: each node sees everything before it
+        slot = root + depth - 1
+        guess = eagle(embeds[0, root + depth:root + depth + 1], guess,
+                      torch.tensor([root + depth]), cache, slot, torch.zeros(1, slot + 1))
+        torch.testing.assert_close(guess[0], unrolled[depth][0, i])
+
+
+def test_training_time_test_lowers_held_out_loss_at_depth_2(tiny_model, text_file, tmp_path):
+    """Trained over its own guesses (3 steps), the drafter guesses better at depth 2 than one
+    trained at depth 1 only, on held-out windows."""
+    losses = {}
+    for steps in (1, 3):
+        cfg = DrafterTraining(kind="eagle", steps=40, lr=1e-2, ttt_steps=steps, target="text",
+                              **TINY)
+        train_drafter(tiny_model, [text_file], cfg, out=tmp_path / str(steps), progress=False)
+        eagle = load_eagle(tmp_path / str(steps), tiny_model).float()
+        _, held, _ = training_data(tiny_model, [text_file], cfg)
+        batch = TargetFeatures(tiny_model, held, TINY["seq_len"]).batch(torch.arange(2), False)
+        with torch.no_grad():
+            per_step, _ = eagle_losses(eagle, tiny_model, batch, replace(cfg, ttt_steps=2))
+        losses[steps] = per_step[1].item()
+    assert losses[3] < losses[1]
+
+
+def test_eagle_report_gives_acceptance_per_depth(tiny_model, text_file, tmp_path, capsys,
+                                                monkeypatch):
+    from longspec.cli import train as train_cli
+
+    cfg = DrafterTraining(kind="eagle", steps=10, lr=1e-2, **TINY)
+    record = train_drafter(tiny_model, [text_file], cfg, out=tmp_path, progress=False)
+    rates = record["held_out_acceptance"]
+    assert rates["depths"] == 6 and rates["answer_tokens"] > 0
+    for kind in ("greedy", "greedy_top8", "sampled"):
+        assert len(rates[kind]) == 6 and all(0 <= r <= 1 for r in rates[kind])
+        assert rates[f"{kind}_mean_accepted"] == implied_length(rates[kind])
+    assert rates["greedy_top8"][0] >= rates["greedy"][0]
+    assert implied_length([0.5, 0.5]) == 1.75
+    monkeypatch.setattr(train_cli, "load_from_args", lambda name, args: tiny_model)
+    assert main(["train-drafter", "tiny", "--kind", "eagle", "--data", str(text_file),
+                 "--out", str(tmp_path), "--report", "--seq-len", "48", "--no-progress"]) == 0
+    assert "held-out acceptance per depth" in capsys.readouterr().out
+
+
+class ChatTokenizer:
+    """A tokenizer whose chat template writes "<role>content|" one byte a token."""
+
+    chat_template = "<role>content|"
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True,
+                            return_dict=False):
+        text = "".join(f"<{m['role']}>{m['content']}|" for m in messages)
+        return list((text + ("<assistant>" if add_generation_prompt else "")).encode())
+
+
+def test_chat_tokens_mark_the_answers_only():
+    model = SimpleNamespace(tokenizer=ChatTokenizer(), name="chat")
+    ids, answer = chat_tokens(model, [("system", "be brief"), ("human", "hi"), ("gpt", "hello"),
+                                      ("human", "more"), ("gpt", "ok"), ("other", "skipped")])
+    text = bytes(ids).decode()
+    assert text == "<system>be brief|<user>hi|<assistant>hello|<user>more|<assistant>ok|"
+    marked = "".join(c for c, a in zip(text, answer) if a)
+    assert marked == "hello|ok|"
+    assert chat_tokens(model, [("human", "no answer")]) is None
+    stream = chat_stream(model, [[("human", "a"), ("gpt", "b")]] * 5, max_tokens=50)
+    assert len(stream) == 50 and stream.answer.sum() == 2 * 2     # two and a cut third
+
+
+def test_an_eagle_drafter_of_an_earlier_format_is_refused(tiny_model, text_file, tmp_path):
+    train_drafter(tiny_model, [text_file], DrafterTraining(kind="eagle", steps=1, **TINY),
+                  out=tmp_path, progress=False)
+    meta = json.loads((tmp_path / "eagle.json").read_text())
+    (tmp_path / "eagle.json").write_text(json.dumps({**meta, "format": 1}))
+    with pytest.raises(ValueError, match="format 1, made by an earlier longspec.*train"):
+        load_eagle(tmp_path, tiny_model)

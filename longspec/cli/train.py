@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..heads.store import KINDS
-from ..heads.train import LR, TARGETS, DrafterTraining
+from ..heads.train import LR, TARGETS, DrafterTraining, report_drafter
 from .flags import load_from_args, model_flags, sampling_flags, sampling_from_args
 
 
@@ -18,8 +18,12 @@ def _drafter_flags(p, kind: str | None) -> None:
                             "multi-token heads (methods heads, tokenswift)")
     else:
         p.set_defaults(kind=kind)
-    p.add_argument("--data", nargs="+", required=True, metavar="PATH",
+    p.add_argument("--data", nargs="+", default=[], metavar="PATH",
                    help="training text: files, or directories (their .py/.txt/.md/.rst files)")
+    p.add_argument("--sharegpt", type=int, default=0, metavar="TOKENS",
+                   help="train on this many tokens of ShareGPT's conversations through the "
+                        "model's chat template instead (fetched on first use; answers only "
+                        "are learned; held out: other conversations)")
     p.add_argument("--out", required=True, help="directory for the drafter (<kind>.safetensors, "
                    "<kind>.json) and its checkpoint; a run there with the same settings "
                    "continues from the checkpoint")
@@ -36,6 +40,12 @@ def _drafter_flags(p, kind: str | None) -> None:
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, metavar="N",
                    help="eagle: guess among the N most frequent tokens of the data only (a "
                         "smaller, faster LM head product; 0: the whole vocabulary)")
+    p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, metavar="K",
+                   help="eagle: unroll the drafter K steps over its own guesses in training "
+                        "(training-time test)")
+    p.add_argument("--report", action="store_true",
+                   help="eagle: train nothing; print the held-out acceptance per depth of the "
+                        "drafter in --out on this data")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="STEPS")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", action="store_true")
@@ -79,16 +89,40 @@ def run_train_drafter(args) -> int:
     cfg = DrafterTraining(kind=args.kind, steps=args.steps, lr=args.lr,
                           warmup_steps=args.warmup_steps, batch_size=args.batch_size,
                           seq_len=args.seq_len, target=args.target, gamma=args.gamma,
-                          draft_vocab=args.draft_vocab,
-                          checkpoint_every=args.checkpoint_every, seed=args.seed).validate()
+                          draft_vocab=args.draft_vocab, ttt_steps=args.ttt_steps,
+                          sharegpt=args.sharegpt, checkpoint_every=args.checkpoint_every,
+                          seed=args.seed).validate()
+    if not args.data and not cfg.sharegpt:
+        raise ValueError("give the training text: --data PATH... or --sharegpt TOKENS")
+    if args.report and cfg.kind != "eagle":
+        raise ValueError("--report measures an eagle drafter (--kind eagle)")
     model = load_from_args(args.model, args)
+    if args.report:
+        print_report(report_drafter(model, args.data, cfg, args.out,
+                                    progress=not args.no_progress))
+        return 0
     record = train_drafter(model, args.data, cfg, out=args.out, progress=not args.no_progress)
     depths = ", ".join(f"{a:.3f}" for a in record["agreement_after"])
     before = ", ".join(f"{a:.3f}" for a in record["agreement_before"])
+    what = "top-1 agreement with the model" if cfg.kind == "heads" else "greedy acceptance"
     print(f"held-out loss {record['held_out_loss_before']} -> {record['held_out_loss_after']}; "
-          f"top-1 agreement with the model per depth {before} -> {depths}; "
+          f"{what} per depth {before} -> {depths}; "
           f"{record['seconds']:.0f} s; {cfg.kind} drafter saved to {args.out}")
+    if "held_out_acceptance" in record:
+        print_report(record["held_out_acceptance"])
     return 0
+
+
+def print_report(rates: dict) -> None:
+    """The held-out acceptance table of an EAGLE drafter."""
+    kinds = [k for k in rates if isinstance(rates[k], list)]
+    print(f"held-out acceptance per depth ({rates['answer_tokens']} answer tokens; depth k "
+          "given k-1 accepted):")
+    print(f"{'depth':>6} " + " ".join(f"{k:>14}" for k in kinds))
+    for d in range(rates["depths"]):
+        print(f"{d + 1:>6} " + " ".join(f"{rates[k][d]:>14.3f}" for k in kinds))
+    print(f"{'mean tokens a step':>6} " + " ".join(f"{rates[k + '_mean_accepted']:>7.2f}"
+                                                   for k in kinds))
 
 
 def run_answers(args) -> int:

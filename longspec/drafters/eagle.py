@@ -1,19 +1,19 @@
 """EAGLE: a trained one-layer drafter over the target's features, drafting trees as EAGLE-2.
 
-The verify forward returns the target's feature (hidden state) at every tree node; after each
-step the accepted path's features, paired with the tokens that follow them, go into the
-drafter's own KV cache (`FeatureCache`): slot p - 1 holds the pair at position p, with the
-target's true feature, for every committed position p >= 1, root included. Its output at the
-root's pair is the predicted feature of the root, whose logits (the target's final norm and
-LM head) rank the depth-1 candidates.
+The verify forward returns the target's hidden state at every tree node; after each step the
+accepted path's features (through the target's final norm), paired with the tokens that follow
+them, go into the drafter's own KV cache (`FeatureCache`): slot p - 1 holds the pair at
+position p, with the target's true feature, for every committed position p >= 1, root
+included. Its guess at the root's pair ranks the depth-1 candidates.
 
-Drafting (EAGLE-2's dynamic tree): at each depth the `beam` nodes of best path probability
-run through the drafter as one block (each seeing the committed slots, its ancestors' slots
-and itself; their keys go to scratch slots past the committed ones, overwritten next step),
-and each gets its `top_k` candidates as children, ranked by the sampler's guess scores (the
-position's Gumbel noise included when sampling), each with its draft probability as the
-trie's estimate. The best CANDIDATES * max_nodes nodes by path probability make the trie;
-the engine verifies the prefix that pays. Exactness never depends on the drafter.
+Drafting (EAGLE-2's dynamic tree): at each depth the `beam` nodes of best path probability, of
+those whose path probability reaches `min_path` percent (a confident drafter drafts deep, an
+unsure one stops early and costs little), run through the drafter as one block (each seeing
+the committed slots, its ancestors' slots and itself; their keys go to scratch slots past the
+committed ones, overwritten next step), and each gets its `top_k` candidates as children over
+the draft vocabulary, ranked and weighed by the sampler's guess scores (the position's Gumbel
+noise included when sampling). The best CANDIDATES * max_nodes nodes by path probability make
+the trie; the engine verifies the prefix that pays. Exactness never depends on the drafter.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .registry import MethodSpec, Option
 
 TOP_K = 8                        # children of each expanded node
 BEAM = 4                         # nodes expanded per depth
+MIN_PATH = 10                    # percent: a node is expanded when its path probability reaches it
 CATCH_UP_SCORE_BYTES = 64 * 2**20   # largest attention score buffer of a catch-up chunk
 
 
@@ -36,18 +37,19 @@ class EagleDrafter(TrieDrafter):
     needs_hidden = True
 
     def __init__(self, model, drafter, sampler, context: int, budget: Budget,
-                 top_k: int = TOP_K, beam: int = BEAM):
+                 top_k: int = TOP_K, beam: int = BEAM, min_path: float = MIN_PATH):
         self.net = model.net
         self.eagle = store.resolve(model, drafter, "eagle", "an EAGLE drafter", EagleDrafterNet,
                                    load_eagle)
         self.sampler = sampler
         self.device = model.device
-        self.top_k = min(top_k, model.config.vocab_size)
         self.beam = beam
+        self.min_path = min_path / 100
         self.cache = FeatureCache(self.eagle.shape, context + budget.max_depth * beam + 1,
                                   model.dtype, model.device)
         self.vocab = self.eagle.vocab             # draft vocabulary [V'], or None: all
-        self.head = self.eagle.head(self.net) if self.vocab is not None else None
+        self.head = self.eagle.head(self.net)     # its LM head rows [V', hidden]
+        self.top_k = min(top_k, self.head.shape[0])
         self.length = 0                          # committed pairs in the feature cache
         self.pending: list[torch.Tensor] = []    # their features [*, hidden], not yet run
         self.root_feature: torch.Tensor | None = None   # [1, hidden]
@@ -61,7 +63,7 @@ class EagleDrafter(TrieDrafter):
 
     def run(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
             mask: torch.Tensor) -> torch.Tensor:
-        """Predicted features [m, hidden] of m pairs whose keys go to slots
+        """Guesses [m, hidden] of m pairs whose keys go to slots
         start = mask.shape[1] - m .. (mask [m, start + m])."""
         start = mask.shape[1] - tokens.shape[0]
         embeds = F.embedding(tokens, self.net.embed)
@@ -72,7 +74,7 @@ class EagleDrafter(TrieDrafter):
         score buffers stay bounded); the root's predicted feature [1, hidden]."""
         if not self.pending:
             return self.root_feature
-        features = torch.cat(self.pending)
+        features = self.eagle.target_feature(self.net, torch.cat(self.pending))
         self.pending = []
         m = features.shape[0]
         first = len(committed) - m               # the position of the first pending pair
@@ -93,23 +95,18 @@ class EagleDrafter(TrieDrafter):
         self.root_feature = out[-1:]
         return self.root_feature
 
-    def candidates(self, features: torch.Tensor, depth: int
+    def candidates(self, guesses: torch.Tensor, depth: int
                    ) -> tuple[list[list[int]], list[list[float]]]:
-        """The top_k tokens after each predicted feature [m, hidden] at `depth` below the root,
-        and their draft probabilities, as host lists [m][top_k]."""
-        if self.vocab is None:
-            logits = self.net.hidden_to_logits(features)
-        else:       # the draft vocabulary's rows only; the other tokens never win
-            net = self.net
-            h = F.rms_norm(features, (net.config.hidden_size,), net.norm,
-                           net.config.rms_norm_eps)
-            logits = h.new_full((h.shape[0], net.config.vocab_size), float("-inf"))
-            logits[:, self.vocab] = F.linear(h, self.head)
-        s = self.sampler
-        top = torch.topk(s.guess_scores(logits, depth, same_depth=True), self.top_k, -1).indices
-        probs = torch.softmax(s.guess_scores(logits, depth, noise=False, same_depth=True)
-                              .float(), -1).gather(-1, top)
-        tokens, chances = torch.stack([top.double(), probs.double()]).tolist()  # one host sync
+        """The top_k tokens after each guess [m, hidden] at `depth` below the root, and their
+        draft probabilities, as host lists [m][top_k]: over the draft vocabulary only, ranked
+        and weighed by one distribution, the sampler's guess scores (the position's Gumbel
+        noise included when sampling, as the target's choice will have it)."""
+        logits = F.linear(guesses, self.head)
+        scores = self.sampler.guess_scores(logits, depth, same_depth=True, columns=self.vocab)
+        top = torch.topk(scores, self.top_k, -1)
+        probs = torch.softmax(scores, -1).gather(-1, top.indices)
+        ids = top.indices if self.vocab is None else self.vocab[top.indices]
+        tokens, chances = torch.stack([ids.double(), probs.double()]).tolist()  # one host sync
         return [[int(t) for t in row] for row in tokens], chances
 
     def add_drafts(self, trie: TrieBuilder, committed: list[int], budget: Budget,
@@ -124,7 +121,8 @@ class EagleDrafter(TrieDrafter):
         probs: list[float] = []
         scores: list[float] = []    # path probabilities
         features: dict[int, torch.Tensor] = {-1: root_feature[0]}   # predicted, per run node
-        slots: dict[int, int] = {}  # scratch slot of each run node (after the committed ones)
+        slots: dict[int, int] = {}  # scratch slot of each run node (counted after the
+                                    # committed ones)
 
         def add_children(rows: list[int], cands: list[list[int]], chances: list[list[float]]
                          ) -> list[int]:
@@ -143,19 +141,20 @@ class EagleDrafter(TrieDrafter):
         level = add_children([-1], *self.candidates(root_feature, 1))
         root_position = len(committed) - 1
         for depth in range(1, budget.max_depth):
-            frontier = sorted(level, key=lambda i: (-scores[i], i))[:self.beam]
+            frontier = [i for i in sorted(level, key=lambda i: (-scores[i], i))[:self.beam]
+                        if scores[i] >= self.min_path]
             if not frontier:
                 break
-            m, start = len(frontier), self.length + len(slots)
-            mask = torch.full((m, start + m), float("-inf"), dtype=root_feature.dtype,
-                              device=self.device)
-            mask[:, :self.length] = 0
+            m, first = len(frontier), len(slots)
+            slots.update((node, first + row) for row, node in enumerate(frontier))
+            scratch = [[float("-inf")] * len(slots) for _ in frontier]   # ancestors and self
             for row, node in enumerate(frontier):
-                slots[node] = start + row
                 ancestor = node
                 while ancestor >= 0:
-                    mask[row, slots[ancestor]] = 0
+                    scratch[row][slots[ancestor]] = 0.0
                     ancestor = parents[ancestor]
+            mask = torch.cat([torch.zeros(m, self.length), torch.tensor(scratch)], dim=1).to(
+                device=self.device, dtype=root_feature.dtype)
             out = self.run(torch.tensor([tokens[n] for n in frontier], device=self.device),
                            torch.stack([features[parents[n]] for n in frontier]),
                            torch.full((m,), root_position + depth, device=self.device), mask)
@@ -175,6 +174,6 @@ SPEC = MethodSpec(
     name="eagle", summary="a trained one-layer drafter over the target's features, "
     "dynamic trees (EAGLE-2)",
     budget=Budget(32, 6), needs_heads=True,
-    options={"top_k": Option(TOP_K), "beam": Option(BEAM)},
+    options={"top_k": Option(TOP_K), "beam": Option(BEAM), "min_path": Option(MIN_PATH, minimum=0)},
     build=lambda s: EagleDrafter(s.model, s.heads, s.sampler, s.context, s.budget,
-                                 s.options["top_k"], s.options["beam"]))
+                                 s.options["top_k"], s.options["beam"], s.options["min_path"]))

@@ -1,9 +1,11 @@
-"""Training data for drafters: a token stream from text files, fixed-length windows of it, and
-the frozen target's features and next-token logits over each window (self-distillation)."""
+"""Training data for drafters: a token stream (text files, or chat conversations through the
+model's chat template, with their answer tokens marked), fixed-length windows of it, and the
+frozen target's features and next-token logits over each window (self-distillation)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,19 +49,99 @@ def _is_utf8(path: Path) -> bool:
     return True
 
 
-def read_token_stream(model, files: list[Path]) -> torch.Tensor:
-    """The files' texts tokenized and concatenated: [n] long."""
-    if model.tokenizer is None:
-        raise ValueError(f"{model.path} has no tokenizer; drafters are trained on text")
+@dataclass(frozen=True)
+class TokenStream:
+    ids: torch.Tensor       # [n] long
+    answer: torch.Tensor    # [n] bool: the token is part of an answer (all of plain text)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def split(self, at: int) -> tuple[TokenStream, TokenStream]:
+        return (TokenStream(self.ids[:at], self.answer[:at]),
+                TokenStream(self.ids[at:], self.answer[at:]))
+
+    def digest(self) -> str:
+        """Identifies the stream (a checkpoint continues only on the same data)."""
+        h = hashlib.blake2b(self.ids.numpy().tobytes(), digest_size=8)
+        h.update(self.answer.numpy().tobytes())
+        return h.hexdigest()
+
+
+def read_token_stream(model, files: list[Path]) -> TokenStream:
+    """The files' texts tokenized and concatenated, every token an answer token."""
+    _need_tokenizer(model)
     ids: list[int] = []
     for f in files:
         ids.extend(model.tokenizer(read_text_file(f, "data file"))["input_ids"])
-    return torch.tensor(ids, dtype=torch.long)
+    return TokenStream(torch.tensor(ids, dtype=torch.long), torch.ones(len(ids), dtype=torch.bool))
 
 
-def stream_digest(stream: torch.Tensor) -> str:
-    """Identifies a token stream (a checkpoint continues only on the same data)."""
-    return hashlib.blake2b(stream.numpy().tobytes(), digest_size=8).hexdigest()
+def _need_tokenizer(model) -> None:
+    if model.tokenizer is None:
+        raise ValueError(f"{model.path} has no tokenizer; drafters are trained on text")
+
+
+ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+MAX_CONVERSATION_CHARS = 16_000     # a conversation is cut after the turn that passes this
+
+
+def chat_tokens(model, turns: list[tuple[str, str]]) -> tuple[list[int], list[bool]] | None:
+    """A conversation [(who, text)] ("human", "gpt", "system") through the model's chat
+    template: its token ids and which of them are an answer's (the assistant's text and its
+    end of turn, not the turn's header). None when the template renders it not as a sequence
+    of prefixes (or refuses it)."""
+    from jinja2 import TemplateError
+
+    tok = model.tokenizer
+    messages: list[dict] = []
+    chars = 0
+    for who, text in turns:
+        if who in ROLES and text and chars < MAX_CONVERSATION_CHARS:
+            messages.append({"role": ROLES[who], "content": text})
+            chars += len(text)
+
+    def render(upto: int, opened: bool = False) -> list[int]:
+        return list(tok.apply_chat_template(messages[:upto], add_generation_prompt=opened,
+                                            tokenize=True, return_dict=False))
+
+    try:
+        ids = render(len(messages))
+        answer = [False] * len(ids)
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            opened, closed = render(i, opened=True), render(i + 1)
+            if opened != ids[:len(opened)] or closed != ids[:len(closed)]:
+                return None
+            answer[len(opened):len(closed)] = [True] * (len(closed) - len(opened))
+    except (TemplateError, ValueError, TypeError):  # a template refusing a role order
+        return None
+    return (ids, answer) if any(answer) else None
+
+
+def chat_stream(model, conversations, max_tokens: int, progress: bool = False,
+                desc: str = "conversations") -> TokenStream:
+    """Conversations ([(who, text)] each) through the chat template, concatenated, up to
+    `max_tokens` tokens (the last one cut there)."""
+    _need_tokenizer(model)
+    if not getattr(model.tokenizer, "chat_template", None):
+        raise ValueError(f"{model.name} has no chat template: train on text files (--data)")
+    ids: list[int] = []
+    answer: list[bool] = []
+    bar = tqdm(total=max_tokens, desc=desc, unit="tok", disable=not progress,
+               dynamic_ncols=True)
+    for turns in conversations:
+        if len(ids) >= max_tokens:
+            break
+        rendered = chat_tokens(model, turns)
+        if rendered is not None:
+            bar.update(min(len(rendered[0]), max_tokens - len(ids)))
+            ids.extend(rendered[0])
+            answer.extend(rendered[1])
+    bar.close()
+    return TokenStream(torch.tensor(ids[:max_tokens], dtype=torch.long),
+                       torch.tensor(answer[:max_tokens], dtype=torch.bool))
 
 
 def sample_windows(count: int, batch_size: int, gen: torch.Generator) -> torch.Tensor:
@@ -70,6 +152,7 @@ def sample_windows(count: int, batch_size: int, gen: torch.Generator) -> torch.T
 @dataclass(frozen=True)
 class TargetBatch:
     tokens: torch.Tensor          # [B, T] on the model's device
+    answer: torch.Tensor          # [B, T] bool: answer tokens
     hidden: torch.Tensor          # [B, T, hidden] float32: features (before the final norm)
     logits: torch.Tensor | None   # [B, T, vocab] float32: the target's next-token logits
 
@@ -81,12 +164,23 @@ class TargetFeatures:
     target's logits, when a batch needs them, come from them through its final norm and LM
     head, as in its forward."""
 
-    def __init__(self, model, stream: torch.Tensor, seq_len: int, progress: bool = False,
-                 desc: str = "target features"):
+    def __init__(self, model, stream: TokenStream, seq_len: int, progress: bool = False,
+                 desc: str = "target features", keep: Path | None = None):
+        """`keep`: a file to save the features to, and to read them from when it holds those
+        of this stream, model and window length (a resumed training skips the pass)."""
+        from .store import fingerprint
+
         net = model.net
         count = len(stream) // seq_len
         self.model = model
-        self.windows = stream[:count * seq_len].view(count, seq_len).to(net.device)
+        self.windows = stream.ids[:count * seq_len].view(count, seq_len).to(net.device)
+        self.answer = stream.answer[:count * seq_len].view(count, seq_len).to(net.device)
+        key = f"{stream.digest()} {fingerprint(model)} {seq_len} {net.dtype}"
+        if keep is not None and keep.is_file():
+            saved = torch.load(keep, map_location=net.device, weights_only=True)
+            if saved.get("key") == key:
+                self.hidden = saved["hidden"]
+                return
         self.hidden = torch.empty(count, seq_len, model.config.hidden_size, dtype=net.dtype,
                                   device=net.device)
         mask = causal_mask(seq_len, net.dtype, net.device)
@@ -97,6 +191,10 @@ class TargetFeatures:
                 out = net(self.windows[i], positions, cache, mask, return_hidden=True,
                           need_logits=False)
                 self.hidden[i] = out.hidden
+        if keep is not None:
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"key": key, "hidden": self.hidden}, keep.with_suffix(".tmp"))
+            os.replace(keep.with_suffix(".tmp"), keep)
 
     def __len__(self) -> int:
         return self.windows.shape[0]
@@ -109,4 +207,5 @@ class TargetFeatures:
         if want_logits:
             flat = self.model.net.hidden_to_logits(hidden.flatten(0, 1))
             logits = flat.view(*hidden.shape[:2], -1).float()
-        return TargetBatch(self.windows[index.to(self.windows.device)], hidden.float(), logits)
+        index = index.to(self.windows.device)
+        return TargetBatch(self.windows[index], self.answer[index], hidden.float(), logits)

@@ -1,24 +1,26 @@
-"""EAGLE's feature drafter (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking
-Feature Uncertainty"): one decoder layer that predicts the target's next hidden state.
+"""EAGLE's feature drafter (Li et al. 2024), trained as EAGLE-3 (Li et al. 2025): one decoder
+layer that guesses the next tokens from the target's features.
 
 Glossary:
-- feature f_t: the target's final hidden state at position t, before its final norm (what
-  `ForwardOutput.hidden` holds); the target's logits there are LM head(norm(f_t)).
-- pair (f_{t-1}, x_t): the drafter's input at position t, fc([embed(x_t); f_{t-1}]) (the token
-  shifts the feature by one, which removes the sampling's uncertainty from the prediction).
-- predicted feature f^_t: the drafter's output for that pair, a guess of f_t; the draft's
-  logits are the target's LM head(final norm(f^_t)), a guess of the token at t + 1.
-
-The embedding, final norm and LM head are the target's own, frozen; the drafter owns fc and
-one Llama decoder layer (RMSNorm, rotary attention with the target's head layout, SwiGLU
-MLP) sized from the target's config. Drafting runs it over its own small KV cache
-(`FeatureCache`), one slot per pair: the committed sequence's pairs with the target's true
-features, then the draft tree's with predicted ones.
-
-- draft vocabulary: the drafter may guess among the training text's most frequent tokens only
-  (`draft_vocab`, token ids): its logits are then the LM head's rows of those tokens, a product
-  a fraction of the full head's size (EAGLE-3 and FR-Spec do the same). The target still
-  verifies over its whole vocabulary; a token outside the draft vocabulary is never drafted.
+- feature: the LM head's input at a position: the target's final hidden state through its
+  final norm (`target_feature`); the target's next-token logits there are LM head(feature).
+  Normed, it has no outlier dimensions (the raw hidden state of small models has some in the
+  hundreds).
+- pair (feature_{t-1}, x_t): the drafter's input at position t, fc([embed(x_t); feature_{t-1}]).
+- guess g_t: the drafter's output for that pair, through its own output norm: a stand-in for
+  the target's feature at t. LM head(g_t) are the drafter's logits for the token at t + 1, and
+  g_t is the feature of the next pair when the drafter goes on past t (depth 2 and on).
+- draft vocabulary: the drafter guesses among the training answers' most frequent tokens only:
+  `vocab` maps a draft index to its token id (EAGLE-3's d2t), `draft_index` a token id back to
+  its draft index. Its logits are the LM head's rows of those tokens, a product a fraction of
+  the full head's size. The target still verifies over its whole vocabulary; a token outside
+  the draft vocabulary is never drafted.
+- training-time test (EAGLE-3): training unrolls the drafter over its own guesses (`unroll`).
+  Step 1 runs the pairs of the target's true features, causally. Step k's pair at index i is
+  (step k-1's guess at i, the next text token), at position i + k; it attends to step 1's
+  pairs up to i (the committed text, when drafting) and to its own earlier steps at i (its
+  ancestors in a draft tree): the keys a depth-k tree node sees. Later depths are trained on
+  what they see when drafting, not on the target's features.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from torch import nn
 from ..models.rope import apply_rope, rope_cos_sin, rope_frequencies
 from . import store
 
-FORMAT = 1
+FORMAT = 2                    # 2: post-norm features, an output norm, the draft vocabulary
 INIT_STD = 0.02
 
 
@@ -89,6 +91,26 @@ class FeatureCache:
         return self.k[:, :end], self.v[:, :end]
 
 
+def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
+                       ) -> torch.Tensor:
+    """Attention of one training-time-test step: q [B, N, heads, dim]; keys, values: one
+    [B, kv_heads, N, dim] per step so far, this one last. Index i attends causally to the
+    first step's keys (indices <= i) and to every later step's key at i alone. Returns
+    [B, N, heads * dim]."""
+    b, n, heads, dim = q.shape
+    kv_heads = keys[0].shape[1]
+    qg = q.view(b, n, kv_heads, heads // kv_heads, dim).permute(0, 2, 3, 1, 4)  # [B,kv,g,N,d]
+    scale = dim ** -0.5
+    causal = (qg @ keys[0].unsqueeze(2).transpose(-1, -2)) * scale               # [B,kv,g,N,N]
+    causal = causal + torch.full((n, n), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+    own = [(qg * k.unsqueeze(2)).sum(-1, keepdim=True) * scale for k in keys[1:]]
+    probs = torch.softmax(torch.cat([causal, *own], dim=-1).float(), dim=-1).to(q.dtype)
+    out = probs[..., :n] @ values[0].unsqueeze(2)
+    for j, v in enumerate(values[1:]):
+        out = out + probs[..., n + j:n + j + 1] * v.unsqueeze(2)
+    return out.permute(0, 3, 1, 2, 4).reshape(b, n, heads * dim)
+
+
 class EagleDrafterNet(nn.Module):
     def __init__(self, shape: EagleShape, inv_freq: torch.Tensor, rope_scale: float = 1.0,
                  draft_vocab: int = 0):
@@ -104,6 +126,7 @@ class EagleDrafterNet(nn.Module):
         self.mlp_norm = nn.Parameter(torch.ones(h))
         self.w_gate_up = nn.Linear(h, 2 * s.intermediate_size, bias=False)
         self.w_down = nn.Linear(s.intermediate_size, h, bias=False)
+        self.out_norm = nn.Parameter(torch.ones(h))
         self.inv_freq = inv_freq.float()    # kept in float32, not a buffer: .to(dtype) skips it
         self.rope_scale = rope_scale
         # token ids [draft_vocab] the drafter guesses among (an integer buffer: saved with the
@@ -119,28 +142,38 @@ class EagleDrafterNet(nn.Module):
     def for_model(cls, model, draft_vocab: int = 0) -> EagleDrafterNet:
         c = model.config
         inv_freq, scale = rope_frequencies(c.rope, c.head_dim)
-        return cls(EagleShape.of(c), inv_freq, scale, draft_vocab)
+        net = cls(EagleShape.of(c), inv_freq, scale, draft_vocab)
+        with torch.no_grad():       # guesses start on the scale of the target's features
+            net.out_norm.copy_(model.net.norm.float())
+        return net
 
     def set_vocab(self, token_ids: torch.Tensor) -> None:
         """Guess among these token ids [draft_vocab] only."""
         self.vocab = token_ids.to(device=self.fc.weight.device, dtype=torch.long)
+
+    def draft_index(self, tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """The draft index of each token id in `tokens` (-1 outside the draft vocabulary)."""
+        if self.vocab is None:
+            return tokens.clone()
+        index = torch.full((vocab_size,), -1, dtype=torch.long, device=tokens.device)
+        index[self.vocab.to(tokens.device)] = torch.arange(len(self.vocab), device=tokens.device)
+        return index[tokens]
 
     def head(self, net) -> torch.Tensor:
         """The LM head's rows the drafter's logits use [draft vocabulary, hidden] (dense)."""
         head = net.dense_head()
         return head if self.vocab is None else head[self.vocab]
 
-    def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                cache: FeatureCache | None = None, start: int = 0,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Predicted features [..., T, hidden] for pairs (features [..., T, hidden], token
-        embeddings [..., T, hidden]) at `positions` [T].
+    def target_feature(self, net, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's features (its final norm) of its final hidden states [..., hidden]."""
+        return F.rms_norm(hidden, (self.shape.hidden_size,), net.norm.to(hidden.dtype),
+                          self.shape.eps)
 
-        Without a cache the T pairs attend causally among themselves (training, [B, T, ...]);
-        with one (drafting, no batch dimension) their keys go to slots start.. and they attend
-        to slots [0, start + T) through the additive `mask` [T, start + T]."""
+    def _inputs(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        """The residual x [..., T, hidden] and the rotated q [..., T, heads, dim], k and v
+        [..., kv_heads, T, dim] of pairs (features, token embeddings) at `positions` [T]."""
         s = self.shape
-        t = embeds.shape[-2]
         x = self.fc(torch.cat([embeds, features], dim=-1))
         h = F.rms_norm(x, (s.hidden_size,), self.attn_norm, s.eps)
         qkv = self.wqkv(h)
@@ -150,15 +183,49 @@ class EagleDrafterNet(nn.Module):
         q = apply_rope(qkv[..., :nq].reshape(*lead, s.num_heads, s.head_dim), cos, sin)
         k = apply_rope(qkv[..., nq:nq + nkv].reshape(*lead, s.num_kv_heads, s.head_dim), cos, sin)
         v = qkv[..., nq + nkv:].reshape(*lead, s.num_kv_heads, s.head_dim)
-        k, v = k.transpose(-3, -2), v.transpose(-3, -2)           # [..., kv_heads, T, dim]
-        if cache is not None:
-            k, v = cache.write(start, k, v)
-        if mask is None:
-            mask = torch.full((t, t), float("-inf"), dtype=x.dtype, device=x.device).triu(1)
-        x = x + self.wo(grouped_attention(q, k, v, mask))
+        return x, q, k.transpose(-3, -2), v.transpose(-3, -2)
+
+    def _guess(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer after attention, and the output norm: guesses [..., T, hidden]."""
+        s = self.shape
+        x = x + self.wo(attended)
         h = F.rms_norm(x, (s.hidden_size,), self.mlp_norm, s.eps)
         gate, up = self.w_gate_up(h).chunk(2, dim=-1)
-        return x + self.w_down(F.silu(gate) * up)
+        x = x + self.w_down(F.silu(gate) * up)
+        return F.rms_norm(x, (s.hidden_size,), self.out_norm, s.eps)
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                cache: FeatureCache, start: int, mask: torch.Tensor) -> torch.Tensor:
+        """Guesses [T, hidden] for pairs (features [T, hidden], token embeddings [T, hidden])
+        at `positions` [T] when drafting: their keys go to slots start.. of the cache and they
+        attend to slots [0, start + T) through the additive `mask` [T, start + T]."""
+        x, q, k, v = self._inputs(embeds, features, positions)
+        k, v = cache.write(start, k, v)
+        return self._guess(x, grouped_attention(q, k, v, mask))
+
+    def unroll(self, embeds: torch.Tensor, features: torch.Tensor, steps: int
+               ) -> list[torch.Tensor]:
+        """Training-time test over windows: embeds and target features [B, T, hidden] of the
+        tokens x_0 .. x_{T-1}; `steps` lists of guesses [B, T - 1, hidden]. Step k's guess at
+        index i is the drafter's k-th guess after x_{i+1} (of the token at i + k + 1), from the
+        pair (step k-1's guess at i, x_{i+k}) at position i + k; step 1's pair is (the target's
+        feature at i, x_{i+1}). Indices past the window read its last token (and are not
+        trained)."""
+        t = embeds.shape[1]
+        index = torch.arange(t - 1, device=embeds.device)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        guesses: list[torch.Tensor] = []
+        inputs = features[:, :-1]
+        for k in range(1, steps + 1):
+            tokens_at = (index + k).clamp_max(t - 1)
+            x, q, key, value = self._inputs(embeds[:, tokens_at], inputs, index + k)
+            keys.append(key)
+            values.append(value)
+            guess = self._guess(x, unrolled_attention(q, keys, values))
+            guesses.append(guess)
+            inputs = guess
+        return guesses
 
     def save(self, out_dir: str | Path, model, extra: dict | None = None) -> None:
         store.save(out_dir, "eagle", self, model,
@@ -168,6 +235,10 @@ class EagleDrafterNet(nn.Module):
 def load_eagle(path: str | Path, model) -> EagleDrafterNet:
     """The drafter in `path`, checked against `model`, on its device and dtype."""
     meta, state = store.read(path, "eagle", model)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"the eagle drafter in {path} has format {meta.get('format')!r}, made "
+                         f"by an earlier longspec (this one reads format {FORMAT}); "
+                         f"{store.train_hint('eagle')} to train it again")
     try:
         shape = EagleShape(**{k: type(v)(meta[k]) for k, v in
                               asdict(EagleShape.of(model.config)).items()})

@@ -2,16 +2,15 @@
 
 - heads: head i, fed the feature at t, learns the token at t + 1 + i: the text's (`text`) or
   the target's own distribution at t + i (`distill`). Loss: the sum over heads.
-- eagle: the pair (f_t, x_{t+1}) at position t + 1 learns the feature f_{t+1} (smooth L1,
-  as EAGLE, in units of the batch's feature RMS) and, through the target's final norm and LM
-  head, the token at t + 2: the target's distribution at t + 1 (`distill`) or the text's
-  token (`text`). Loss: feature_weight * smooth L1 + token_weight * cross-entropy. With a draft
-  vocabulary both distributions are over its tokens (the target's restricted to them, as
-  EAGLE-3 trains), so the head's product stays small in training too.
+- eagle (training-time test, as EAGLE-3): the drafter unrolled `ttt_steps` steps over its own
+  guesses (`EagleDrafterNet.unroll`); step k's guess at index i learns the token at i + k + 1:
+  the target's distribution at i + k over the draft vocabulary (`distill`, soft labels) or
+  the text's token (`text`). Only answer tokens are learned (all tokens of plain text). Loss:
+  the mean over steps of their cross-entropies.
 
-Both report agreement, when the batch carries the target's full logits: the share of
-positions where the drafter's top guess is the target's own greedy choice there, per depth
-(heads: one per head; eagle: depth 1, from true features).
+Both report agreement per depth: heads, when the batch carries the target's full logits, the
+share of positions where the head's top guess is the target's own greedy choice; eagle, the
+acceptance of its greedy drafts per depth (`acceptance`).
 """
 
 from __future__ import annotations
@@ -19,14 +18,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .data import TargetBatch
+from ..sampling import SamplingConfig, process_logits
+from .data import TargetBatch, TokenStream
 from .eagle import EagleDrafterNet
 from .module import MultiTokenHeads
 
 
-def build(kind: str, model, cfg, stream: torch.Tensor) -> torch.nn.Module:
+def build(kind: str, model, cfg, stream: TokenStream) -> torch.nn.Module:
     """A fresh drafter of `kind` for `model` (float32, on its device); an EAGLE drafter's
-    draft vocabulary is the cfg.draft_vocab most frequent tokens of the training `stream`."""
+    draft vocabulary is the cfg.draft_vocab most frequent answer tokens of the training
+    `stream`."""
     c = model.config
     if kind == "heads":
         module = MultiTokenHeads(c.hidden_size, cfg.gamma, c.rms_norm_eps,
@@ -35,7 +36,7 @@ def build(kind: str, model, cfg, stream: torch.Tensor) -> torch.nn.Module:
         size = cfg.draft_vocab if 0 < cfg.draft_vocab < c.vocab_size else 0
         module = EagleDrafterNet.for_model(model, size)
         if size:
-            module.set_vocab(frequent_tokens(stream, size, c.vocab_size))
+            module.set_vocab(frequent_tokens(stream.ids[stream.answer], size, c.vocab_size))
     return module.to(model.device)
 
 
@@ -44,13 +45,6 @@ def frequent_tokens(stream: torch.Tensor, n: int, vocab_size: int) -> torch.Tens
     counts = torch.bincount(stream, minlength=vocab_size).double()
     order = torch.argsort(-counts + torch.arange(vocab_size) / (2.0 * vocab_size))
     return order[:n].sort().values
-
-
-def _lm_head(model, h: torch.Tensor, norm: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-    """Logits [..., rows] of hidden states through an RMSNorm weight and LM head rows
-    (float32, so that gradients reach the drafter through the frozen head)."""
-    h = F.rms_norm(h, (h.shape[-1],), norm.float(), model.config.rms_norm_eps)
-    return F.linear(h, head)
 
 
 def _soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
@@ -88,37 +82,97 @@ def heads_loss(heads: MultiTokenHeads, model, batch: TargetBatch, cfg
 
 def eagle_loss(eagle: EagleDrafterNet, model, batch: TargetBatch, cfg
                ) -> tuple[torch.Tensor, list[float | None]]:
-    """feature_weight * smooth L1 of the predicted features + token_weight * cross-entropy of
-    their logits, and the depth-1 agreement."""
+    """The mean over the unrolled steps of their losses (`eagle_losses`), and the greedy
+    acceptance per depth (`acceptance`) when the batch carries the target's logits."""
+    losses, logits_per_step = eagle_losses(eagle, model, batch, cfg)
+    rates = [None] * len(losses)
+    if batch.logits is not None:
+        with torch.no_grad():
+            rates = [r["rate"] for r in acceptance(eagle, batch, logits_per_step)]
+    return sum(losses) / len(losses), rates
+
+
+def eagle_losses(eagle: EagleDrafterNet, model, batch: TargetBatch, cfg
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per unrolled step (cfg.ttt_steps), its token cross-entropy over answer tokens and its
+    logits [B, T - k - 1, draft vocab]."""
     net = model.net
     seq_len = batch.tokens.shape[1]
-    embeds = F.embedding(batch.tokens[:, 1:], net.embed).float()        # x_1 .. x_{T-1}
-    positions = torch.arange(1, seq_len, device=batch.hidden.device)
-    predicted = eagle(embeds, batch.hidden[:, :-1], positions)          # f^_1 .. f^_{T-1}
-    # in units of the features' RMS: the loss weights then mean the same for every model (raw
-    # features of small models run to hundreds)
-    scale = batch.hidden.pow(2).mean().sqrt().clamp_min(1e-6)
-    feature_loss = F.smooth_l1_loss(predicted / scale, batch.hidden[:, 1:] / scale)
+    features = eagle.target_feature(net, batch.hidden)                # [B, T, hidden]
+    embeds = F.embedding(batch.tokens, net.embed).float()
     head = eagle.head(net).float()                                      # [draft vocab, hidden]
-    logits = _lm_head(model, predicted, net.norm, head)                 # guesses x_2 .. x_T
-    if cfg.target == "distill":
-        with torch.no_grad():
-            wanted = _lm_head(model, batch.hidden[:, 1:], net.norm, head)
-        token_loss = _soft_cross_entropy(logits, wanted)
-    else:
-        labels = batch.tokens[:, 2:]
-        if eagle.vocab is not None:     # text tokens outside the draft vocabulary count not
-            index = torch.full((model.config.vocab_size,), -100, device=labels.device)
-            index[eagle.vocab] = torch.arange(len(eagle.vocab), device=labels.device)
-            labels = index[labels]
-        token_loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                     labels.reshape(-1), ignore_index=-100)
-    loss = cfg.feature_weight * feature_loss + cfg.token_weight * token_loss
-    agreement = None
-    if batch.logits is not None:
-        guess = logits.argmax(-1) if eagle.vocab is None else eagle.vocab[logits.argmax(-1)]
-        agreement = (guess == batch.logits[:, 1:].argmax(-1)).float().mean().item()
-    return loss, [agreement]
+    losses, logits_per_step = [], []
+    for k, guess in enumerate(eagle.unroll(embeds, features, cfg.ttt_steps), start=1):
+        span = seq_len - k - 1                  # indices i with a token at i + k + 1
+        logits = F.linear(guess[:, :span], head)
+        logits_per_step.append(logits)
+        learn = batch.answer[:, k + 1:k + 1 + span].float()
+        if cfg.target == "distill":
+            with torch.no_grad():
+                wanted = torch.softmax(F.linear(features[:, k:k + span], head), dim=-1)
+            loss = -(wanted * torch.log_softmax(logits, dim=-1)).sum(-1)
+        else:
+            labels = eagle.draft_index(batch.tokens[:, k + 1:k + 1 + span],
+                                       model.config.vocab_size)
+            learn = learn * (labels >= 0)       # text tokens outside the draft vocabulary
+            loss = F.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0), reduction="none")
+        losses.append((loss * learn).sum() / learn.sum().clamp_min(1))
+    return losses, logits_per_step
+
+
+def acceptance(eagle: EagleDrafterNet, batch: TargetBatch, logits_per_step: list[torch.Tensor],
+               top: int = 1, sampling: SamplingConfig | None = None, seed: int = 0
+               ) -> list[dict]:
+    """Per depth k, how often the drafter's guess is the token the target takes there, among
+    answer positions where its guesses at depths 1 .. k-1 were taken too (depth k given k-1
+    accepted), from the unrolled steps' logits [B, T - k - 1, draft vocab] and the batch's
+    target logits. The target takes its greedy choice, or with `sampling` its Gumbel-max
+    choice under noise drawn from `seed`, which the drafter's guess sees too, as when
+    drafting; with `top` > 1 a depth counts as accepted when the target's token is among the
+    drafter's `top` guesses (a tree that wide). Returns [{"accepted", "tried", "rate"}] per
+    depth."""
+    seq_len = batch.tokens.shape[1]
+    target_logits = batch.logits
+    vocab = (eagle.vocab if eagle.vocab is not None
+             else torch.arange(target_logits.shape[-1], device=target_logits.device))
+    noise = None
+    if sampling is not None:
+        target_logits = process_logits(target_logits.flatten(0, 1), sampling).view_as(
+            target_logits)
+        gen = torch.Generator(device=target_logits.device).manual_seed(seed)
+        u = torch.rand(target_logits.shape, generator=gen, device=target_logits.device)
+        noise = -torch.log(-torch.log(u.clamp_min(1e-20)))
+        target_logits = target_logits + noise
+    chosen = target_logits.argmax(-1)                                   # [B, T]
+    steps = len(logits_per_step)
+    span = seq_len - 1 - steps                  # indices every step covers
+    alive = batch.answer[:, 2:2 + span]
+    rates = []
+    for k, logits in enumerate(logits_per_step, start=1):
+        scores = logits[:, :span].float()
+        if sampling is not None:
+            scores = process_logits(scores.flatten(0, 1), sampling).view_as(scores)
+            scores = scores + noise[:, k:k + span][..., vocab]
+        guesses = vocab[scores.topk(top, dim=-1).indices]               # [B, span, top]
+        taken = chosen[:, k:k + span]
+        hit = (guesses == taken.unsqueeze(-1)).any(-1)
+        tried, accepted = alive.sum().item(), (alive & hit).sum().item()
+        rates.append({"accepted": accepted, "tried": tried,
+                      "rate": round(accepted / tried, 4) if tried else 0.0})
+        if k < steps:   # depth k + 1 goes on where this one was taken and the text went there
+            alive = (alive & hit & (batch.tokens[:, k + 1:k + 1 + span] == taken)
+                     & batch.answer[:, k + 2:k + 2 + span])
+    return rates
+
+
+def implied_length(rates: list[float]) -> float:
+    """The mean tokens a step commits when depth k is accepted with rate rates[k-1] given
+    k-1 accepted: 1 (the target's own token) + sum over k of the product of rates up to k."""
+    total, chain = 1.0, 1.0
+    for r in rates:
+        chain *= r
+        total += chain
+    return round(total, 3)
 
 
 LOSSES = {"heads": heads_loss, "eagle": eagle_loss}

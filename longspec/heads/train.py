@@ -1,14 +1,18 @@
 """Train a drafter (EAGLE feature drafter or multi-token heads) on a frozen target.
 
 The training text is cut into windows of `seq_len` tokens and the frozen target runs over
-each once (its features, `TargetFeatures`); each step draws `batch_size` of those windows and
-takes one AdamW step on the drafter's loss (objectives.py); linear warmup, then cosine
-decay. Every `checkpoint_every` steps, and on Ctrl-C, the drafter, the optimizer and the
-data sampler's state go to `<out>/<kind>.checkpoint.pt`: running the same training again
-continues from there and ends with the weights an uninterrupted run gives; a checkpoint of
+each once (its features, `TargetFeatures`, kept in `<out>/<kind>.features-*.pt` until the
+end); each step draws `batch_size` of those windows and takes one AdamW step on the drafter's
+loss (objectives.py); linear warmup, then cosine decay. Every `checkpoint_every` steps, and on
+Ctrl-C, the drafter, the optimizer and the data sampler's state go to
+`<out>/<kind>.checkpoint.pt`: running the same training again continues from there (without
+the features' pass) and ends with the weights an uninterrupted run gives; a checkpoint of
 other settings, data or model is refused. At the end the drafter is saved with a record of
-the run (held-out loss and agreement with the target before and after, loss curve, seconds,
-data) and the checkpoint removed.
+the run (held-out loss and agreement with the target before and after, an EAGLE drafter's
+held-out acceptance per depth (`report`), loss curve, seconds, data) and the checkpoint and
+features removed.
+
+The data is text files, or ShareGPT's conversations (`training_data`).
 """
 
 from __future__ import annotations
@@ -20,16 +24,26 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..sampling import SamplingConfig
 from ..training import warmup_cosine
 from . import objectives, store
-from .data import TargetFeatures, data_files, read_token_stream, sample_windows, stream_digest
+from .data import (
+    TargetFeatures,
+    TokenStream,
+    chat_stream,
+    data_files,
+    read_token_stream,
+    sample_windows,
+)
 from .module import GAMMA
 
 TARGETS = ("text", "distill")
 LR = {"eagle": 3e-3, "heads": 5e-3}      # TokenSwift's for heads
 CHECKPOINT = "{kind}.checkpoint.pt"    # one per kind: a directory may hold both
+FEATURES = "{kind}.features-{part}.pt"  # the target's features, kept until the training ends
 EVAL_BATCHES = 4
 EVAL_SEED = 12345
 
@@ -45,9 +59,9 @@ class DrafterTraining:
     seq_len: int = 512
     target: str = "distill"       # the target's own distribution, or the text ("text")
     gamma: int = GAMMA            # heads
-    feature_weight: float = 1.0   # eagle: smooth L1 of the predicted features
-    token_weight: float = 0.1     # eagle: cross-entropy of their logits
+    ttt_steps: int = 3            # eagle: steps unrolled over its own guesses in training
     draft_vocab: int = 0          # eagle: guess among this many most frequent tokens (0: all)
+    sharegpt: int = 0             # train on this many tokens of ShareGPT conversations
     seed: int = 0
     held_out: float = 0.05        # share of the token stream kept for evaluation
     checkpoint_every: int = 50    # steps
@@ -58,14 +72,18 @@ class DrafterTraining:
             raise ValueError(f"kind must be one of {', '.join(store.KINDS)}, got {self.kind!r}")
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}")
-        for name in ("steps", "batch_size", "gamma", "checkpoint_every"):
+        for name in ("steps", "batch_size", "gamma", "checkpoint_every", "ttt_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.draft_vocab < 0:
             raise ValueError(f"draft_vocab must be 0 (the whole vocabulary) or more, got "
                              f"{self.draft_vocab}")
-        if self.seq_len < self.gamma + 2:
-            raise ValueError(f"seq_len must be at least {self.gamma + 2}")
+        if self.sharegpt < 0:
+            raise ValueError(f"sharegpt must be 0 (train on --data) or a number of tokens, got "
+                             f"{self.sharegpt}")
+        shortest = max(self.gamma, self.ttt_steps) + 2
+        if self.seq_len < shortest:
+            raise ValueError(f"seq_len must be at least {shortest}")
         lr = LR[self.kind] if self.lr is None else self.lr
         if not (lr > 0 and math.isfinite(lr)):
             raise ValueError(f"lr must be a positive number, got {lr}")
@@ -91,6 +109,59 @@ def evaluate(module, model, held: TargetFeatures, cfg: DrafterTraining) -> tuple
             agreements.append(agreement)
     per_depth = [round(sum(a) / len(a), 4) for a in zip(*agreements)]
     return round(sum(losses) / len(losses), 4), per_depth
+
+
+REPORT_SAMPLING = SamplingConfig(temperature=0.7, top_p=0.9)
+REPORT_TREE = 8         # the EAGLE drafter's children per node (drafters/eagle.py TOP_K)
+
+
+def report_depth() -> int:
+    """The depth of the trees `auto` drafts with an EAGLE drafter."""
+    from ..drafters.auto import EAGLE_BUDGET
+
+    return EAGLE_BUDGET.max_depth
+
+
+def report(eagle, model, held: TargetFeatures, depth: int, batch_size: int = 4) -> dict:
+    """The honest metric of an EAGLE drafter: over every held-out window's answer tokens,
+    its acceptance per depth (depth k given k-1 accepted) greedy, greedy with its 8 best
+    guesses kept at each depth, and sampled (T=0.7, top-p 0.9, the target's Gumbel-max choice
+    with noise both sides share), unrolled `depth` steps, and the mean tokens a step commits
+    that each implies."""
+    net = model.net
+    kinds = {"greedy": {}, f"greedy_top{REPORT_TREE}": {"top": REPORT_TREE},
+             "sampled": {"sampling": REPORT_SAMPLING}}
+    counts = {name: [[0, 0] for _ in range(depth)] for name in kinds}
+    with torch.no_grad():
+        for first in range(0, len(held), batch_size):
+            batch = held.batch(torch.arange(first, min(first + batch_size, len(held))), True)
+            features = eagle.target_feature(net, batch.hidden)
+            embeds = F.embedding(batch.tokens, net.embed).float()
+            head = eagle.head(net).float()
+            logits = [F.linear(g, head) for g in eagle.unroll(embeds, features, depth)]
+            for name, how in kinds.items():
+                for k, r in enumerate(objectives.acceptance(eagle, batch, logits, seed=first,
+                                                            **how)):
+                    counts[name][k][0] += r["accepted"]
+                    counts[name][k][1] += r["tried"]
+    out: dict = {"depths": depth, "answer_tokens": int(held.answer.sum())}
+    for name, per_depth in counts.items():
+        rates = [round(a / n, 4) if n else 0.0 for a, n in per_depth]
+        out[name] = rates
+        out[f"{name}_mean_accepted"] = objectives.implied_length(rates)
+    return out
+
+
+def report_drafter(model, data: list[str | Path], cfg: DrafterTraining, path: str | Path,
+                   progress: bool = True) -> dict:
+    """`report` for the EAGLE drafter in `path`, on the held-out part of the data cfg names."""
+    from .eagle import load_eagle
+
+    cfg = cfg.validate()
+    eagle = load_eagle(path, model).float()
+    _, held, _ = training_data(model, data, cfg, progress)
+    held_set = TargetFeatures(model, held, cfg.seq_len, progress, "target features (held out)")
+    return report(eagle, model, held_set, report_depth())
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
@@ -120,6 +191,38 @@ def _resume(path: Path, identity: dict) -> dict | None:
     return state
 
 
+def training_data(model, data: list[str | Path], cfg: DrafterTraining, progress: bool = False
+                  ) -> tuple[TokenStream, TokenStream, list[str]]:
+    """The training and held-out token streams, and what they were made from: cfg.sharegpt
+    tokens of ShareGPT's training conversations and held_out as many of its held-out ones
+    (`zoo/sharegpt.py` splits by conversation), or the text of `data` (files or directories),
+    its last held_out share held out."""
+    if cfg.sharegpt:
+        from ..models.sources import fetch_data
+        from ..zoo import sharegpt
+
+        if data:
+            raise ValueError("train on --data files or on ShareGPT (--sharegpt), not both")
+        path = fetch_data("sharegpt")
+
+        def side(held: bool):
+            return (c.turns for c in sharegpt.conversations(path) if sharegpt.held_out(c) == held)
+
+        train = chat_stream(model, side(False), cfg.sharegpt, progress, "ShareGPT (train)")
+        held_tokens = max(cfg.seq_len, int(cfg.sharegpt * cfg.held_out))
+        held = chat_stream(model, side(True), held_tokens, progress, "ShareGPT (held out)")
+        source = [f"ShareGPT ({path.name}): {len(train)} training tokens, {len(held)} held out"]
+    else:
+        files = data_files(data)
+        stream = read_token_stream(model, files)
+        train, held = stream.split(int(len(stream) * (1 - cfg.held_out)))
+        source = [str(f) for f in files]
+    if len(train) < cfg.seq_len or len(held) < cfg.seq_len:
+        raise ValueError(f"the data has {len(train) + len(held)} tokens; need at least "
+                         f"{math.ceil(cfg.seq_len / cfg.held_out)} for seq_len {cfg.seq_len}")
+    return train, held, source
+
+
 def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
                   out: str | Path | None = None, progress: bool = True,
                   stop_after: int | None = None) -> dict:
@@ -128,23 +231,22 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
     after that many steps in all, leaving a checkpoint to continue from (record["finished"]
     is then False). Returns the record saved with the weights."""
     cfg = cfg.validate()
-    files = data_files(data)
-    stream = read_token_stream(model, files)
-    split = int(len(stream) * (1 - cfg.held_out))
-    train, held = stream[:split], stream[split:]
-    if len(train) < cfg.seq_len or len(held) < cfg.seq_len:
-        raise ValueError(f"the data has {len(stream)} tokens; need at least "
-                         f"{math.ceil(cfg.seq_len / cfg.held_out)} for seq_len {cfg.seq_len}")
+    train, held, source = training_data(model, data, cfg, progress)
     torch.manual_seed(cfg.seed)
     module = objectives.build(cfg.kind, model, cfg, train)
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     identity = {"settings": cfg.settings(), "model": store.fingerprint(model),
-                "data": {"tokens": len(stream), "digest": stream_digest(stream)}}
+                "data": {"tokens": len(train) + len(held),
+                         "digest": train.digest() + held.digest()}}
     checkpoint = Path(out) / CHECKPOINT.format(kind=cfg.kind) if out is not None else None
     state = _resume(checkpoint, identity) if checkpoint is not None else None
-    train_set = TargetFeatures(model, train, cfg.seq_len, progress, "target features (train)")
-    held_set = TargetFeatures(model, held, cfg.seq_len, progress, "target features (held out)")
+    kept = {part: None if out is None else Path(out) / FEATURES.format(kind=cfg.kind, part=part)
+            for part in ("train", "held")}
+    train_set = TargetFeatures(model, train, cfg.seq_len, progress, "target features (train)",
+                               kept["train"])
+    held_set = TargetFeatures(model, held, cfg.seq_len, progress, "target features (held out)",
+                              kept["held"])
     if state is not None:
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["optimizer"])
@@ -196,13 +298,18 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
         save_state()
         return {"kind": cfg.kind, "finished": False, "steps_done": step, "loss_curve": curve}
     after = evaluate(module, model, held_set, cfg)
-    record = {"kind": cfg.kind, "finished": True, "training": asdict(cfg),
+    measured = {}
+    if cfg.kind == "eagle":
+        measured = {"held_out_acceptance": report(module, model, held_set, report_depth())}
+    record = {"kind": cfg.kind, "finished": True, "training": asdict(cfg), **measured,
               "held_out_loss_before": before[0], "held_out_loss_after": after[0],
               "agreement_before": before[1], "agreement_after": after[1],
               "seconds": round(seconds + time.time() - start, 1), "train_tokens": len(train),
               "held_out_tokens": len(held), "loss_curve": curve,
-              "data": [str(f) for f in files]}
+              "data": source}
     if out is not None:
         module.save(Path(out), model, record)
         checkpoint.unlink(missing_ok=True)
+        for path in kept.values():
+            path.unlink(missing_ok=True)
     return record
