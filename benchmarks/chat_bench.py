@@ -9,12 +9,16 @@ model continues with whatever it writes past the end of an answer. With --repeat
 method runs N times and its run of median speed is reported, the upper median for even N (so
 the faster of two; this machine's speed drifts by ~10% between runs); `sizing_s` is the time
 each run spent timing steps for adaptive sizing. `ar` rows also give `weights_gb_s`, the
-weight bandwidth a plain step achieves (every matrix read once per token, as gpt-fast prints it).
+weight bandwidth a plain step achieves (every matrix read once per token, as gpt-fast prints it);
+`verify_ms` and `other_ms` split a step's time into its verify forward and the rest (drafting,
+sizing, bookkeeping).
 
     python benchmarks/chat_bench.py --model smollm2 --dtype bfloat16 --new-tokens 1024 \\
         --methods ar,auto,suffix,recycling,pld,hf,hf-pld --settings greedy,t07 --out chat.json
 
-A method may carry options, as in `longspec bench`: `tokenswift[ngram_top_k=0]`. With --sharegpt
+A method may carry options, as in `longspec bench`: `tokenswift[ngram_top_k=0]`; a method
+named with `@heads` runs with the trained drafter of --heads (`auto@heads` beside `auto`: `auto`
+with and without an EAGLE drafter). With --sharegpt
 the prompts are the first questions of ShareGPT's held-out conversations (`longspec fetch
 sharegpt`; those of 50 to 2,000 characters, in the file's order) instead of the ones below.
 """
@@ -57,21 +61,27 @@ SETTINGS = {"greedy": longspec.SamplingConfig(temperature=0),
             "t07": longspec.SamplingConfig(temperature=0.7, top_p=0.9)}
 
 
-def run_one(model, draft, peers, method: str, prompt_ids: list[int], n: int, sampling) -> dict:
+def run_one(model, draft, peers, method: str, prompt_ids: list[int], n: int, sampling,
+            heads: str | None = None) -> dict:
     model.state.clear()
     if method in PEERS:
         start = time.perf_counter()
         tokens = peers.generate(method, prompt_ids, n, sampling, seed=0)
         seconds = time.perf_counter() - start
         return {"tokens": tokens, "seconds": seconds, "tok_s": len(tokens) / seconds}
+    method, with_heads = method.removesuffix("@heads"), method.endswith("@heads")
     entry = parse_entry(method, {})
     res = longspec.generate(model, prompt_ids, max_new_tokens=n, method=entry.method,
                             options=entry.options, sampling=sampling, seed=0, ignore_eos=True,
+                            heads=heads if with_heads else None,
                             draft_model=draft if METHODS[entry.method].needs_draft_model else None)
     s = res.stats
     return {"tokens": res.token_ids, "seconds": s["decode_s"], "tok_s": s["tokens_per_s"],
             "len": s["mean_accepted_length"], "nodes": s["mean_tree_nodes"],
-            "sizing_s": round(s["sizing_s"], 3), "sources": s.get("sources")}
+            "sizing_s": round(s["sizing_s"], 3), "sources": s.get("sources"),
+            # per step: the verify forward, and everything else (drafting, sizing, bookkeeping)
+            "verify_ms": round(1000 * s["verify_forward_s"] / s["steps"], 2),
+            "other_ms": round(1000 * (s["decode_s"] - s["verify_forward_s"]) / s["steps"], 2)}
 
 
 def weight_bytes(net) -> int:
@@ -117,6 +127,8 @@ def main() -> None:
                    "conversations")
     p.add_argument("--repeats", type=int, default=1, help="runs per method (median reported)")
     p.add_argument("--draft-model", help="draft model (methods draft, triforce)")
+    p.add_argument("--heads", help="a trained drafter's directory, for the methods named "
+                   "with @heads")
     p.add_argument("--out", default="chat_bench.json")
     args = p.parse_args()
     model = longspec.load_model(args.model, dtype=args.dtype, device="cpu")
@@ -144,7 +156,7 @@ def main() -> None:
             for _ in range(args.repeats):           # interleaved, so drift hits all alike
                 for m in methods:
                     runs[m].append(run_one(model, draft, peers, m, ids, args.new_tokens,
-                                           sampling))
+                                           sampling, args.heads))
             results = {m: median_run(r) for m, r in runs.items()}
             ref = results["ar"]
             eos = model.eos_token_ids
@@ -157,8 +169,8 @@ def main() -> None:
                        "identical": (all(run["tokens"] == ref["tokens"] for run in runs[m])
                                      if m not in PEERS else None),
                        "first_eos": first_eos,
-                       **{key: r[key] for key in ("len", "nodes", "sizing_s", "sources")
-                          if key in r}}
+                       **{key: r[key] for key in ("len", "nodes", "sizing_s", "sources",
+                                                  "verify_ms", "other_ms") if key in r}}
                 if m == "ar":
                     row["weights_gb_s"] = round(step_bytes * r["tok_s"] / 1e9, 2)
                 rows.append(row)
@@ -174,7 +186,7 @@ def main() -> None:
                 "all_identical": all(r["identical"] in (True, None) for r in mine)}
             print(f"{setting:7s} {m:12s} {json.dumps(summary[f'{setting}/{m}'])}", flush=True)
     with open(args.out, "w") as f:
-        json.dump({"model": args.model, "draft_model": args.draft_model,
+        json.dump({"model": args.model, "draft_model": args.draft_model, "heads": args.heads,
                    "kernel_profile": model.profile.as_dict(), "dtype": str(model.dtype),
                    "new_tokens": args.new_tokens, "weight_bytes_per_step": step_bytes,
                    "threads": torch.get_num_threads(), "rows": rows, "summary": summary}, f,
