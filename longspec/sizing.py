@@ -185,6 +185,15 @@ def step_cost(model, max_nodes: int) -> StepCost:
     return model.state.setdefault(("step_cost", max_nodes), StepCost(max_nodes))
 
 
+def one_node_step(model) -> float | None:
+    """The seconds of the target's one-node step, as the generations on the model measured it
+    (None before any did)."""
+    known = [cost.known(1) for key, cost in model.state.items()
+             if isinstance(key, tuple) and key[0] == "step_cost"]
+    known = [seconds for seconds in known if seconds is not None]
+    return min(known) if known else None
+
+
 def calibration(model, method: str, config) -> Calibration:
     """What a method's estimates are worth under a sampling setting, kept with the model."""
     return model.state.setdefault(("calibration", method, config), Calibration())

@@ -18,11 +18,14 @@ the trie; the engine verifies the prefix that pays. Exactness never depends on t
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
 from ..heads import store
 from ..heads.eagle import EagleDrafterNet, FeatureCache, load_eagle
+from ..sizing import one_node_step
 from ..tree import CANDIDATES, TrieBuilder
 from .base import Budget, TrieDrafter
 from .registry import MethodSpec, Option
@@ -30,6 +33,7 @@ from .registry import MethodSpec, Option
 TOP_K = 8                        # children of each expanded node
 BEAM = 4                         # nodes expanded per depth
 MIN_PATH = 10                    # percent: a node is expanded when its path probability reaches it
+STEP_SMOOTHING = 0.1             # weight of the latest depth's time in the running estimate
 CATCH_UP_SCORE_BYTES = 64 * 2**20   # largest attention score buffer of a catch-up chunk
 
 
@@ -45,6 +49,8 @@ class EagleDrafter(TrieDrafter):
         self.device = model.device
         self.beam = beam
         self.min_path = min_path / 100
+        self.depth_time: float | None = None      # seconds of one depth's expansion, smoothed
+        self.model = model
         self.cache = FeatureCache(self.eagle.shape, context + budget.max_depth * beam + 1,
                                   model.dtype, model.device)
         self.vocab = self.eagle.vocab             # draft vocabulary [V'], or None: all
@@ -109,6 +115,15 @@ class EagleDrafter(TrieDrafter):
         tokens, chances = torch.stack([ids.double(), probs.double()]).tolist()  # one host sync
         return [[int(t) for t in row] for row in tokens], chances
 
+    def least_path(self) -> float:
+        """The path probability a node needs to be expanded: min_path, or more where a depth
+        of drafting costs more than that share of a target step (measured): a child of a node
+        of path probability p saves at most p target steps."""
+        step = one_node_step(self.model)
+        if step is None or self.depth_time is None:
+            return self.min_path
+        return max(self.min_path, self.depth_time / step)
+
     def add_drafts(self, trie: TrieBuilder, committed: list[int], budget: Budget,
                    source: int = 0) -> None:
         """Add this drafter's best CANDIDATES * max_nodes nodes for the text `committed` to
@@ -140,11 +155,13 @@ class EagleDrafter(TrieDrafter):
 
         level = add_children([-1], *self.candidates(root_feature, 1))
         root_position = len(committed) - 1
+        least = self.least_path()
         for depth in range(1, budget.max_depth):
             frontier = [i for i in sorted(level, key=lambda i: (-scores[i], i))[:self.beam]
-                        if scores[i] >= self.min_path]
+                        if scores[i] >= least]
             if not frontier:
                 break
+            started = time.perf_counter()
             m, first = len(frontier), len(slots)
             slots.update((node, first + row) for row, node in enumerate(frontier))
             scratch = [[float("-inf")] * len(slots) for _ in frontier]   # ancestors and self
@@ -160,6 +177,9 @@ class EagleDrafter(TrieDrafter):
                            torch.full((m,), root_position + depth, device=self.device), mask)
             features.update(zip(frontier, out))
             level = add_children(frontier, *self.candidates(out, depth + 1))
+            took = time.perf_counter() - started
+            self.depth_time = (took if self.depth_time is None else
+                               self.depth_time + STEP_SMOOTHING * (took - self.depth_time))
         # the best nodes by path probability (a child never beats its parent; ties keep the
         # parent first), parents before children
         best = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
