@@ -20,6 +20,7 @@ from .suffix import SuffixDrafter
 
 SOURCES = ("suffix", "suffix_earlier", "recycling", "eagle")   # by the source ids nodes carry
 RECYCLING, EAGLE = 2, 3
+SPEC_NAME = "auto"
 RECYCLING_BUDGET = Budget(32, 6)    # the recycling template within the merged trie
 EAGLE_BUDGET = Budget(32, 6)        # the EAGLE drafter's tree within it (its method's default)
 
@@ -36,7 +37,8 @@ class AutoDrafter(Drafter):
         if drafter is None:
             drafter = store.find_bundled(model, "eagle")
         self.eagle = (None if drafter is None else
-                      EagleDrafter(model, drafter, sampler, context, EAGLE_BUDGET))
+                      EagleDrafter(model, drafter, sampler, context, EAGLE_BUDGET,
+                                   method=SPEC_NAME))
         self.needs_hidden = self.eagle is not None
         self.verified = [0] * len(SOURCES)
         self.accepted = [0] * len(SOURCES)
@@ -80,7 +82,7 @@ class AutoDrafter(Drafter):
 
 
 SPEC = MethodSpec(
-    name="auto", summary="every source the model has (suffix matches, recycling, its trained "
+    name=SPEC_NAME, summary="every source the model has (suffix matches, recycling, its trained "
     "EAGLE drafter) in one scored trie, verified as far as it pays (the default)",
     budget=Budget(48, 24), needs_heads=True, stats=("sources",),
     build=lambda s: AutoDrafter(s.model, s.sampler, s.heads, s.context))

@@ -7,8 +7,9 @@ position p, with the target's true feature, for every committed position p >= 1,
 included. Its guess at the root's pair ranks the depth-1 candidates.
 
 Drafting (EAGLE-2's dynamic tree): at each depth the `beam` nodes of best path probability, of
-those whose path probability reaches `min_path` percent (a confident drafter drafts deep, an
-unsure one stops early and costs little), run through the drafter as one block (each seeing
+those whose path probability, as calibrated by what the target accepted, pays for a depth's
+measured time (and reaches `min_path` percent: a confident drafter drafts deep, an unsure one
+stops early and costs little), run through the drafter as one block (each seeing
 the committed slots, its ancestors' slots and itself; their keys go to scratch slots past the
 committed ones, overwritten next step), and each gets its `top_k` candidates as children over
 the draft vocabulary, ranked and weighed by the sampler's guess scores (the position's Gumbel
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 from ..heads import store
 from ..heads.eagle import EagleDrafterNet, FeatureCache, load_eagle
-from ..sizing import one_node_step
+from ..sizing import calibration, one_node_step
 from ..tree import CANDIDATES, TrieBuilder
 from .base import Budget, TrieDrafter
 from .registry import MethodSpec, Option
@@ -41,7 +42,8 @@ class EagleDrafter(TrieDrafter):
     needs_hidden = True
 
     def __init__(self, model, drafter, sampler, context: int, budget: Budget,
-                 top_k: int = TOP_K, beam: int = BEAM, min_path: float = MIN_PATH):
+                 top_k: int = TOP_K, beam: int = BEAM, min_path: float = MIN_PATH,
+                 method: str = "eagle"):
         self.net = model.net
         self.eagle = store.resolve(model, drafter, "eagle", "an EAGLE drafter", EagleDrafterNet,
                                    load_eagle)
@@ -51,6 +53,8 @@ class EagleDrafter(TrieDrafter):
         self.min_path = min_path / 100
         self.depth_time: float | None = None      # seconds of one depth's expansion, smoothed
         self.model = model
+        # what the drafter's chances are worth, as the engine calibrates them for `method`
+        self.trust = calibration(model, method, sampler.config)
         self.cache = FeatureCache(self.eagle.shape, context + budget.max_depth * beam + 1,
                                   model.dtype, model.device)
         self.vocab = self.eagle.vocab             # draft vocabulary [V'], or None: all
@@ -116,9 +120,9 @@ class EagleDrafter(TrieDrafter):
         return [[int(t) for t in row] for row in tokens], chances
 
     def least_path(self) -> float:
-        """The path probability a node needs to be expanded: min_path, or more where a depth
-        of drafting costs more than that share of a target step (measured): a child of a node
-        of path probability p saves at most p target steps."""
+        """The path probability (calibrated) a node needs to be expanded: min_path, or more
+        where a depth of drafting costs more than that share of a target step (measured): a
+        child of a node of path probability p saves at most p target steps."""
         step = one_node_step(self.model)
         if step is None or self.depth_time is None:
             return self.min_path
@@ -135,6 +139,7 @@ class EagleDrafter(TrieDrafter):
         parents: list[int] = []     # -1: the root
         probs: list[float] = []
         scores: list[float] = []    # path probabilities
+        trusted: list[float] = []   # ... as calibrated by what the target accepted
         features: dict[int, torch.Tensor] = {-1: root_feature[0]}   # predicted, per run node
         slots: dict[int, int] = {}  # scratch slot of each run node (counted after the
                                     # committed ones)
@@ -144,6 +149,7 @@ class EagleDrafter(TrieDrafter):
             new = []
             for parent, row_tokens, row_probs in zip(rows, cands, chances):
                 base = 1.0 if parent < 0 else scores[parent]
+                base_trusted = 1.0 if parent < 0 else trusted[parent]
                 for token, p in zip(row_tokens, row_probs):
                     if p > 0:
                         new.append(len(tokens))
@@ -151,6 +157,7 @@ class EagleDrafter(TrieDrafter):
                         parents.append(parent)
                         probs.append(p)
                         scores.append(base * p)
+                        trusted.append(base_trusted * self.trust.chance(source, p))
             return new
 
         level = add_children([-1], *self.candidates(root_feature, 1))
@@ -158,7 +165,7 @@ class EagleDrafter(TrieDrafter):
         least = self.least_path()
         for depth in range(1, budget.max_depth):
             frontier = [i for i in sorted(level, key=lambda i: (-scores[i], i))[:self.beam]
-                        if scores[i] >= least]
+                        if trusted[i] >= least]
             if not frontier:
                 break
             started = time.perf_counter()
