@@ -42,7 +42,7 @@ class EagleDrafter(TrieDrafter):
     needs_hidden = True
 
     def __init__(self, model, drafter, sampler, context: int, budget: Budget,
-                 top_k: int = TOP_K, beam: int = BEAM, min_path: float = MIN_PATH,
+                 top_k: int = TOP_K, beam: int = BEAM, min_path: int = MIN_PATH,
                  method: str = "eagle"):
         self.net = model.net
         self.eagle = store.resolve(model, drafter, "eagle", "an EAGLE drafter", EagleDrafterNet,
@@ -81,7 +81,7 @@ class EagleDrafter(TrieDrafter):
 
     def catch_up(self, committed: list[int]) -> torch.Tensor | None:
         """Run the committed pairs not yet in the feature cache into it (causal chunks whose
-        score buffers stay bounded); the root's predicted feature [1, hidden]."""
+        score buffers stay bounded); the guess at the root [1, hidden]."""
         if not self.pending:
             return self.root_feature
         features = self.eagle.target_feature(self.net, torch.cat(self.pending))

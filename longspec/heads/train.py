@@ -112,7 +112,6 @@ def evaluate(module, model, held: TargetFeatures, cfg: DrafterTraining) -> tuple
 
 
 REPORT_SAMPLING = SamplingConfig(temperature=0.7, top_p=0.9)
-REPORT_TREE = 8         # the EAGLE drafter's children per node (drafters/eagle.py TOP_K)
 
 
 def report_depth() -> int:
@@ -128,8 +127,10 @@ def report(eagle, model, held: TargetFeatures, depth: int, batch_size: int = 4) 
     guesses kept at each depth, and sampled (T=0.7, top-p 0.9, the target's Gumbel-max choice
     with noise both sides share), unrolled `depth` steps, and the mean tokens a step commits
     that each implies."""
+    from ..drafters.eagle import TOP_K  # the children `eagle` gives a node
+
     net = model.net
-    kinds = {"greedy": {}, f"greedy_top{REPORT_TREE}": {"top": REPORT_TREE},
+    kinds = {"greedy": {}, f"greedy_top{TOP_K}": {"top": TOP_K},
              "sampled": {"sampling": REPORT_SAMPLING}}
     counts = {name: [[0, 0] for _ in range(depth)] for name in kinds}
     with torch.no_grad():
