@@ -98,16 +98,18 @@ class PositionNoise:
         stays -inf, so where few are finite (top-p, top-k) only those entries get noise. With
         `columns` (token ids [c]) the scores [m, c] are of those tokens."""
         if columns is not None:
-            first = int(positions.min())
-            rows = self.rows(first, int(positions.max()) - first + 1)[positions - first]
-            return scores + rows[:, columns]
+            return scores + self._dense(positions)[:, columns]
         rows, tokens = (scores != float("-inf")).nonzero(as_tuple=True)
         if len(rows) >= SPARSE_FRACTION * scores.numel():
-            first = int(positions.min())
-            return scores + self.rows(first, int(positions.max()) - first + 1)[positions - first]
+            return scores + self._dense(positions)
         noisy = scores.clone()
         noisy[rows, tokens] += gumbel_at(self.key, positions[rows], tokens)
         return noisy
+
+    def _dense(self, positions: torch.Tensor) -> torch.Tensor:
+        """Whole noise rows [m, vocab] of the positions [m]."""
+        first = int(positions.min())
+        return self.rows(first, int(positions.max()) - first + 1)[positions - first]
 
     def forget_before(self, position: int) -> None:
         for t in [t for t in self._rows if t < position]:

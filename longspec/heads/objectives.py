@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..noise import gumbel_rows, noise_key
 from ..sampling import SamplingConfig, process_logits
 from .data import TargetBatch, TokenStream
 from .eagle import EagleDrafterNet
@@ -127,10 +128,10 @@ def acceptance(eagle: EagleDrafterNet, batch: TargetBatch, logits_per_step: list
     answer positions where its guesses at depths 1 .. k-1 were taken too (depth k given k-1
     accepted), from the unrolled steps' logits [B, T - k - 1, draft vocab] and the batch's
     target logits. The target takes its greedy choice, or with `sampling` its Gumbel-max
-    choice under noise drawn from `seed`, which the drafter's guess sees too, as when
-    drafting; with `top` > 1 a depth counts as accepted when the target's token is among the
-    drafter's `top` guesses (a tree that wide). Returns [{"accepted", "tried", "rate"}] per
-    depth."""
+    choice under the generations' position-keyed noise (keyed by `seed`), which the drafter's
+    guess sees too, as when drafting; with `top` > 1 a depth counts as accepted when the
+    target's token is among the drafter's `top` guesses (a tree that wide). Returns
+    [{"accepted", "tried", "rate"}] per depth."""
     seq_len = batch.tokens.shape[1]
     target_logits = batch.logits
     vocab = (eagle.vocab if eagle.vocab is not None
@@ -139,9 +140,9 @@ def acceptance(eagle: EagleDrafterNet, batch: TargetBatch, logits_per_step: list
     if sampling is not None:
         target_logits = process_logits(target_logits.flatten(0, 1), sampling).view_as(
             target_logits)
-        gen = torch.Generator(device=target_logits.device).manual_seed(seed)
-        u = torch.rand(target_logits.shape, generator=gen, device=target_logits.device)
-        noise = -torch.log(-torch.log(u.clamp_min(1e-20)))
+        b, t, v = target_logits.shape       # each window's positions keyed apart
+        positions = torch.arange(b * t, device=target_logits.device)
+        noise = gumbel_rows(noise_key(seed, []), positions, v).view(b, t, v)
         target_logits = target_logits + noise
     chosen = target_logits.argmax(-1)                                   # [B, T]
     steps = len(logits_per_step)
