@@ -121,7 +121,7 @@ def report_depth() -> int:
     return EAGLE_BUDGET.max_depth
 
 
-def report(eagle, model, held: TargetFeatures, depth: int, batch_size: int = 4) -> dict:
+def report(eagle, model, held: TargetFeatures, depth: int, batch_size: int = 1) -> dict:
     """The honest metric of an EAGLE drafter: over every held-out window's answer tokens,
     its acceptance per depth (depth k given k-1 accepted) greedy, greedy with its 8 best
     guesses kept at each depth, and sampled (T=0.7, top-p 0.9, the target's Gumbel-max choice
