@@ -119,6 +119,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--new-tokens", type=int, default=1024)
     p.add_argument("--methods", default="ar,auto,suffix,recycling,pld,hf,hf-pld")
     p.add_argument("--settings", default="greedy,t07")
@@ -131,9 +132,9 @@ def main() -> None:
                    "with @heads")
     p.add_argument("--out", default="chat_bench.json")
     args = p.parse_args()
-    model = longspec.load_model(args.model, dtype=args.dtype, device="cpu")
-    draft = None if args.draft_model is None else longspec.load_model(args.draft_model,
-                                                                     dtype=args.dtype, device="cpu")
+    model = longspec.load_model(args.model, dtype=args.dtype, device=args.device)
+    draft = None if args.draft_model is None else longspec.load_model(
+        args.draft_model, dtype=args.dtype, device=args.device)
     print(model.profile, flush=True)
     step_bytes = weight_bytes(model.net)
     print(f"weights read per plain step: {step_bytes / 1e6:.1f} MB", flush=True)

@@ -70,6 +70,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen-coder-1.5b")
     p.add_argument("--draft-model", help="draft model (methods draft, triforce)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--methods", default="ar,auto")
     p.add_argument("--new-tokens", type=int, default=8192)
     p.add_argument("--check-tokens", type=int,
@@ -81,9 +82,10 @@ def main() -> None:
     p.add_argument("--segment", type=int, default=1024)
     p.add_argument("--out", default="long_bench.json")
     args = p.parse_args()
-    model = longspec.load_model(args.model, device="cpu")
+    model = longspec.load_model(args.model, device=args.device)
     draft = (None if args.draft_model is None
-             else longspec.load_model(args.draft_model, dtype=str(model.dtype)[6:], device="cpu"))
+             else longspec.load_model(args.draft_model, dtype=str(model.dtype)[6:],
+                                      device=args.device))
     print(model.profile, flush=True)
     text = sharegpt_prompts(args.prompt + 1)[-1] if args.sharegpt else PROMPTS[args.prompt]
     ids = encode_prompt(model, [{"role": "user", "content": text}])
@@ -107,6 +109,9 @@ def main() -> None:
             ref = results["ar"]["tokens"]
             row["identical_over"] = min(len(ref), len(r["tokens"]))
             row["identical"] = r["tokens"][:len(ref)] == ref[:len(r["tokens"])]
+            if not row["identical"]:
+                row["first_difference"] = next(
+                    i for i, (a, b) in enumerate(zip(r["tokens"], ref)) if a != b)
         print(json.dumps(row), flush=True)
         results[m]["row"] = row
     with open(args.out, "w") as f:

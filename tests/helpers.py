@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 from torch import library
 
 import longspec
+
+# where the exactness tests run (test_lossless, test_prefix, test_batch_invariance): "cpu", or
+# "cuda" on a machine with a GPU (`LONGSPEC_TEST_DEVICE=cuda pytest ...`)
+DEVICE = os.environ.get("LONGSPEC_TEST_DEVICE", "cpu")
 
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),

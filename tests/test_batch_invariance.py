@@ -4,7 +4,7 @@ bfloat16. This is what makes every method token-identical to plain decoding in b
 
 import pytest
 import torch
-from helpers import make_checkpoint
+from helpers import DEVICE, make_checkpoint
 
 import longspec
 from longspec.cache import StaticCache
@@ -20,7 +20,7 @@ def models(tmp_path_factory):
     path = tmp_path_factory.mktemp("inv")
     make_checkpoint(path, "llama", hidden=192, intermediate=1536, heads=6, kv_heads=2,
                     vocab=512, max_positions=2048)
-    return {dt: longspec.load_model(path, dtype=dt, device="cpu") for dt in DTYPES}
+    return {dt: longspec.load_model(path, dtype=dt, device=DEVICE) for dt in DTYPES}
 
 
 def alone(model, cache, context: int, path: list[int]) -> torch.Tensor:
@@ -28,7 +28,8 @@ def alone(model, cache, context: int, path: list[int]) -> torch.Tensor:
     cache.rollback(context)
     rows = []
     for i, token in enumerate(path):
-        out = model.net(torch.tensor([token]), torch.tensor([context + i]), cache)
+        out = model.net(torch.tensor([token], device=DEVICE),
+                         torch.tensor([context + i], device=DEVICE), cache)
         cache.commit(1)
         rows.append(out.logits[0])
     cache.rollback(context)
@@ -37,8 +38,8 @@ def alone(model, cache, context: int, path: list[int]) -> torch.Tensor:
 
 def prefilled(model, context: int, seed: int) -> StaticCache:
     g = torch.Generator().manual_seed(seed)
-    cache = StaticCache(model.config, context + 80, model.dtype, "cpu")
-    prefill(model.net, torch.randint(0, 512, (context,), generator=g), cache, 0)
+    cache = StaticCache(model.config, context + 80, model.dtype, DEVICE)
+    prefill(model.net, torch.randint(0, 512, (context,), generator=g).to(DEVICE), cache, 0)
     return cache
 
 
@@ -50,8 +51,9 @@ def test_chain_rows_equal_tokens_run_alone(models, dtype, context):
     tokens = torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = alone(model, cache, context, tokens)
     for q in (2, 3, 4, 5, 8, 13, 16, 31, 64):
-        shape = TreeShape.chain(q - 1, torch.device("cpu"))
-        out = model.net(torch.tensor(tokens[:q]), shape.depth + context, cache, shape.mask(dtype))
+        shape = TreeShape.chain(q - 1, torch.device(DEVICE))
+        out = model.net(torch.tensor(tokens[:q], device=DEVICE), shape.depth + context, cache,
+                        shape.mask(dtype))
         differ = [i for i in range(q) if not torch.equal(out.logits[i], ref[i])]
         assert not differ, f"q={q}: rows {differ} differ"
 
@@ -63,7 +65,8 @@ def test_tree_rows_equal_their_paths_run_alone(models, dtype):
     cache = prefilled(model, context, seed=5)
     parents = [-1, 0, 0, 0, 1, 1, 2, 4, 4, 6, 7, 3, 11]
     tokens = torch.randint(0, 512, (len(parents),), generator=torch.Generator().manual_seed(2))
-    shape = TreeShape(parents, torch.device("cpu"))
+    tokens = tokens.to(DEVICE)
+    shape = TreeShape(parents, torch.device(DEVICE))
     out = model.net(tokens, shape.depth + context, cache, shape.mask(dtype))
     for node in range(len(parents)):
         path = [int(n) for n in shape.paths[node] if n >= 0]
@@ -87,13 +90,14 @@ def test_attention_rows_equal_at_short_contexts(group, d):
     keys[..., 0], keys[..., 1] = 4, 5.0
     keys[:, ::2, 1] = 5.0625
     values = torch.randn(kv_heads, 256, d, generator=torch.Generator().manual_seed(0))
-    q, keys, values = (t.to(torch.bfloat16) for t in (q, keys, values))
+    q, keys, values = (t.to(DEVICE, torch.bfloat16) for t in (q, keys, values))
     differ = []
     for context in range(1, 48):
         one = grouped_attention(q[:1], keys[:, :context + 1], values[:, :context + 1],
                                 context, None, None, d ** -0.5)
         for q_len in (2, 3, 6):
-            mask = torch.full((q_len, q_len), float("-inf"), dtype=torch.bfloat16).triu(1)
+            mask = torch.full((q_len, q_len), float("-inf"), dtype=torch.bfloat16,
+                              device=DEVICE).triu(1)
             out = grouped_attention(q[:q_len], keys[:, :context + q_len],
                                     values[:, :context + q_len], context, mask, None, d ** -0.5)
             if not torch.equal(out[0], one[0]):

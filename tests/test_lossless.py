@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import tqdm
+from helpers import DEVICE
 
 import longspec
 from longspec.bench.prompts import default_prompt_text
@@ -48,8 +49,8 @@ def prompts():
 def models(dtype: str = "float32"):
     """(target, draft) in `dtype`, or with int4 weights and bfloat16 activations ('int4')."""
     load = ({"quantize": "q4", "dtype": "bfloat16"} if dtype == "int4" else {"dtype": dtype})
-    return (longspec.load_model("demo", device="cpu", **load),
-            longspec.load_model("demo-draft", device="cpu", **load))
+    return (longspec.load_model("demo", device=DEVICE, **load),
+            longspec.load_model("demo-draft", device=DEVICE, **load))
 
 
 @functools.cache

@@ -9,7 +9,7 @@ under every kernel profile it can emulate (.ci/run)."""
 import functools
 
 import pytest
-from helpers import make_checkpoint
+from helpers import DEVICE, make_checkpoint
 
 import longspec
 
@@ -30,7 +30,7 @@ def tiny_dir(tmp_path_factory):
 @functools.cache
 def load(path, weights: str):
     load = {"quantize": "q4", "dtype": "bfloat16"} if weights == "int4" else {"dtype": weights}
-    return longspec.load_model(path, device="cpu", **load)
+    return longspec.load_model(path, device=DEVICE, **load)
 
 
 def run(path, weights: str, setting: str, new_tokens: int, method: str = "ar", **kwargs):

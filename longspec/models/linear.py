@@ -17,7 +17,11 @@ and 2.15, oneDNN; BENCHMARKS.md), and checked on the host at every load (selfche
 - the int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`, bfloat16 activations) is
   row-invariant for 1..64 rows as it is; so is longspec::int4_mm (int4_mm.cpp), by
   construction (Int4Linear).
-Elsewhere (CUDA), `F.linear`; its invariance is checked where a GPU is at hand.
+On CUDA (cuBLAS; measured on an H100 with torch 2.11, BENCHMARKS.md): a float32 product of 1
+row takes another kernel than one of 2 or more, float32 products of 80 rows or more sum rows
+otherwise than one of 64, and so do bfloat16 ones of 128 rows or more at K = 8960 (a 1.5B
+model's down projection). Every product runs as 64-row parts, fewer rows padded with zero rows to 64
+(CUDA_ROWS): one shape, so one kernel, for a token alone, a draft tree's row and a prompt's.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .compiled import int4_mm
 FP32_MIN_ROWS = 2    # float32 products of 1 row take another path in oneDNN: run as 2
 ONEDNN_MIN_WORK = 16 ** 3   # bfloat16 products with rows * K * N at most this skip oneDNN
 MAX_ROWS = 32        # bfloat16 products on AMX: more rows than this sum some rows otherwise
+CUDA_ROWS = 64       # on CUDA every product runs as parts of exactly this many rows
 
 
 def min_rows(k: int, n: int) -> int:
@@ -46,7 +51,7 @@ class DenseLinear(nn.Module):
         super().__init__()
         self.in_features = weight.shape[1]
         self.onednn_fp32 = weight.dtype == torch.float32 and weight.device.type == "cpu"
-        # on a CPU, fewer rows run padded with zero rows to this many
+        # on a CPU, fewer rows run padded with zero rows to this many (on CUDA, CUDA_ROWS)
         self.min_rows = (FP32_MIN_ROWS if self.onednn_fp32
                          else max(2, min_rows(*weight.shape)))
         stored = weight.t().contiguous() if self.onednn_fp32 else weight
@@ -60,11 +65,16 @@ class DenseLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        if rows > MAX_ROWS and not self.onednn_fp32 and x.device.type == "cpu":
-            return torch.cat([self(part) for part in x.split(MAX_ROWS)])
-        short = x.device.type == "cpu" and rows < self.min_rows
+        if x.device.type == "cpu":       # more rows than `most` run in parts, fewer than `least`
+            most = rows if self.onednn_fp32 else MAX_ROWS       # padded with zero rows
+            least = self.min_rows
+        else:
+            most = least = CUDA_ROWS
+        if rows > most:
+            return torch.cat([self(part) for part in x.split(most)])
+        short = rows < least
         if short:
-            x = torch.cat([x, x.new_zeros(self.min_rows - rows, x.shape[1])])
+            x = torch.cat([x, x.new_zeros(least - rows, x.shape[1])])
         if self.onednn_fp32:
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight.t(), self.bias, "none", [], "")
         else:

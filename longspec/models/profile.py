@@ -69,7 +69,8 @@ def kernel_profile(net, row_check: str = "not run") -> KernelProfile:
         attention="loops" if net.loops else "products",
         int4_kernel=int4_kernel(int4),
         rows=(f"chunk={CHUNK} fp32_min_rows={linear.FP32_MIN_ROWS} "
-              f"onednn_min_work={linear.ONEDNN_MIN_WORK} max_rows={linear.MAX_ROWS}"),
+              f"onednn_min_work={linear.ONEDNN_MIN_WORK} max_rows={linear.MAX_ROWS}" if cpu
+              else f"chunk={CHUNK} cuda_rows={linear.CUDA_ROWS}"),
         row_check=row_check)
 
 

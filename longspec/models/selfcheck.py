@@ -2,12 +2,12 @@
 bitwise what its token gets run alone after its ancestors?
 
 Exactness rests on that (attention.py, linear.py), and the kernels' row rules were measured on
-particular CPUs and torch versions. So a CPU model checks it once per host, torch version,
-kernel profile and model shape (the answer is kept in longspec's cache directory): a 40-row
-tree (past the products' 32-row split) over a short prompt through the real products and
-attention, its chain and three leaves run alone. Where the compiled layers fail it, the Python
-layers are checked and taken; where those fail too, the profile says so and a warning tells the
-user that speculation may write other tokens than plain decoding here.
+particular CPUs and torch versions. So a model checks it once per host (the CPU, or the
+GPU), torch version, kernel profile and model shape (the answer is kept in longspec's cache
+directory): a 40-row tree (past the products' 32-row split) over a short prompt through the real
+products and attention, its chain and three leaves run alone. Where the compiled layers fail it,
+the Python layers are checked and taken; where those fail too, the profile says so and a warning
+tells the user that speculation may write other tokens than plain decoding here.
 """
 
 from __future__ import annotations
@@ -72,11 +72,19 @@ def _cpu_name() -> str:
     return f"{model} {hashlib.sha256(flags.encode()).hexdigest()[:12]}"
 
 
+def _host(device: torch.device) -> str:
+    """The processor the products run on: the CPU's name, or the GPU's and its capability."""
+    if device.type == "cpu":
+        return _cpu_name()
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
+
+
 def _shape_key(net, profile: KernelProfile) -> str:
     c = net.config
     products = [(type(p).__name__, [tuple(t.shape) for t in (*p.parameters(), *p.buffers())])
                 for p in (*net.layers[0].children(), net.lm_head)]
-    key = {"cpu": _cpu_name(), "profile": profile.as_dict(), "products": products,
+    key = {"host": _host(net.device), "profile": profile.as_dict(), "products": products,
            "shape": [c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
                      c.rope.type, c.tie_word_embeddings]}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
@@ -109,8 +117,7 @@ class _Answers:
 def checked_profile(net) -> KernelProfile:
     """The network's kernel profile after the row check, which may move a CPU model from the
     compiled layers to the Python ones (with one warning)."""
-    if net.device.type != "cpu":
-        return kernel_profile(net, "not run (CUDA)")
+    where = "CPU" if net.device.type == "cpu" else "GPU"
     answers = _Answers()
     problem = answers.mismatch(net)
     if problem is not None and net.native is not None:
@@ -123,8 +130,8 @@ def checked_profile(net) -> KernelProfile:
             return kernel_profile(net, f"compiled layers failed ({compiled_problem}): python "
                                        "layers")
     if problem is not None:
-        warnings.warn(f"longspec: on this CPU the {problem} differs from its token run alone: "
-                      "speculative methods may write other tokens than plain decoding (ar) "
-                      "here; please report the CPU and torch version", stacklevel=3)
+        warnings.warn(f"longspec: on this {where} the {problem} differs from its token run "
+                      "alone: speculative methods may write other tokens than plain decoding "
+                      f"(ar) here; please report the {where} and torch version", stacklevel=3)
         return kernel_profile(net, f"failed ({problem})")
     return kernel_profile(net, "passed")
