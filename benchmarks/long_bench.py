@@ -12,12 +12,20 @@ depend on its length: DESIGN.md), which keeps a 32K-token run of one method affo
     python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 8192 --methods ar,auto
     python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 32700 --methods auto \\
         --check-tokens 8192
+
+With --llama-speculative BIN (llama.cpp's `llama-speculative-simple`, built from the sources
+that llama-cpp-python's source distribution carries: BENCHMARKS.md), one more row: llama.cpp's
+own speculative decoding of the same prompt, greedy, with --draft-model as its draft and
+--llama-draft-max tokens drafted a step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
+import tempfile
 import time
 
 import torch
@@ -66,6 +74,29 @@ def run(model, draft, method: str, ids: list[int], n: int, sampling, segment: in
             "kv_bytes": kv_bytes(model, len(ids) + len(tokens)), "decode_s": st["decode_s"]}
 
 
+def llama_speculative(binary: str, model, draft, ids: list[int], n: int, draft_max: int) -> dict:
+    """llama.cpp's speculative decoding (greedy, end-of-sequence ignored) of the prompt `ids`:
+    tokens/s of its decoding and the share of drafted tokens accepted, as it reports them."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as prompt:
+        prompt.write(model.tokenizer.decode(ids, skip_special_tokens=False))
+        prompt.flush()
+        done = subprocess.run(
+            [binary, "-m", str(model.path), "-md", str(draft.path), "-f", prompt.name,
+             "--no-escape", "-n", str(n), "--ignore-eos", "--temp", "0", "--top-k", "1",
+             "-t", str(torch.get_num_threads()), "-td", str(torch.get_num_threads()),
+             "-c", str(len(ids) + n + 256), "--spec-type", "draft-simple",
+             "--spec-draft-n-max", str(draft_max), "--spec-draft-n-min", "0"],
+            capture_output=True, text=True, check=True)
+    out = done.stdout + done.stderr
+    decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", out)
+    accept = re.search(r"accept\s+=\s+([\d.]+)%", out)
+    if decoded is None or accept is None:
+        raise RuntimeError(f"{binary} printed no timings; its output ends:\n{out[-2000:]}")
+    tokens, seconds = int(decoded[1]), float(decoded[2])
+    return {"method": f"llama.cpp speculative (draft {draft_max})", "new_tokens": tokens,
+            "tok_s": round(tokens / seconds, 2), "accepted_share": float(accept[1]) / 100}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="qwen-coder-1.5b")
@@ -80,8 +111,13 @@ def main() -> None:
     p.add_argument("--sharegpt", action="store_true", help="--prompt indexes ShareGPT's "
                    "held-out questions (chat_bench.py --sharegpt) instead")
     p.add_argument("--segment", type=int, default=1024)
+    p.add_argument("--llama-speculative", metavar="BIN", help="llama.cpp's "
+                   "llama-speculative-simple: one more row, with --draft-model as its draft")
+    p.add_argument("--llama-draft-max", type=int, default=4, help="its tokens drafted a step")
     p.add_argument("--out", default="long_bench.json")
     args = p.parse_args()
+    if args.llama_speculative and args.draft_model is None:
+        p.error("--llama-speculative needs --draft-model")
     model = longspec.load_model(args.model, device=args.device)
     draft = (None if args.draft_model is None
              else longspec.load_model(args.draft_model, dtype=str(model.dtype)[6:],
@@ -114,12 +150,17 @@ def main() -> None:
                     i for i, (a, b) in enumerate(zip(r["tokens"], ref)) if a != b)
         print(json.dumps(row), flush=True)
         results[m]["row"] = row
+    peer_rows = []
+    if args.llama_speculative:
+        peer_rows.append(llama_speculative(args.llama_speculative, model, draft, ids,
+                                           args.new_tokens, args.llama_draft_max))
+        print(json.dumps(peer_rows[-1]), flush=True)
     with open(args.out, "w") as f:
         json.dump({"model": args.model, "draft_model": args.draft_model,
                    "kernel_profile": model.profile.as_dict(), "setting": args.setting,
                    "prompt": args.prompt, "sharegpt": args.sharegpt,
                    "threads": torch.get_num_threads(),
-                   "rows": [r["row"] for r in results.values()]}, f, indent=1)
+                   "rows": [r["row"] for r in results.values()] + peer_rows}, f, indent=1)
 
 
 if __name__ == "__main__":
