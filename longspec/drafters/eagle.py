@@ -41,7 +41,7 @@ CATCH_UP_SCORE_BYTES = 64 * 2**20   # largest attention score buffer of a catch-
 class EagleDrafter(TrieDrafter):
     needs_hidden = True
 
-    def __init__(self, model, drafter, sampler, context: int, budget: Budget,
+    def __init__(self, model, drafter, sampler, context: int, budget: Budget, *,
                  top_k: int = TOP_K, beam: int = BEAM, min_path: int = MIN_PATH,
                  method: str = "eagle"):
         self.net = model.net
@@ -203,4 +203,5 @@ SPEC = MethodSpec(
     budget=Budget(32, 6), needs_heads=True,
     options={"top_k": Option(TOP_K), "beam": Option(BEAM), "min_path": Option(MIN_PATH, minimum=0)},
     build=lambda s: EagleDrafter(s.model, s.heads, s.sampler, s.context, s.budget,
-                                 s.options["top_k"], s.options["beam"], s.options["min_path"]))
+                                 top_k=s.options["top_k"], beam=s.options["beam"],
+                                 min_path=s.options["min_path"]))
