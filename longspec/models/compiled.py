@@ -9,6 +9,7 @@ layers run in Python and int4 products on ATen's kernel. Either is another kerne
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 import warnings
@@ -18,12 +19,14 @@ from types import ModuleType
 import torch
 
 # The vector instructions the build may use, by what PyTorch found this CPU to have. The attention
-# loops' results do not depend on them (GCC vectors, each lane's operations in a fixed order,
-# nothing contracted into fused multiply-adds); the build's name does, so that a build directory
-# shared by machines with other CPUs never runs one's instructions on the other.
+# loops' results do not depend on them (each lane's operations in a fixed order, every fused
+# multiply-add written out, none contracted by the compiler); the build's name does, so that a
+# build directory shared by machines with other CPUs never runs one's instructions on the other.
 ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma",
                         "-mf16c"],
              "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
+SOURCES = ("native.cpp", "int4_mm.cpp")
+
 # AVX-512 CPUs with VNNI sum int4_mm's integer products in one instruction (the same sums)
 VNNI_FLAGS = ["-mavx512vnni"]
 
@@ -68,7 +71,7 @@ def extension() -> ModuleType | None:
               file=sys.stderr, flush=True)
     try:
         return cpp_extension.load(
-            name, [str(Path(__file__).with_name(f)) for f in ("native.cpp", "int4_mm.cpp")],
+            name, [str(Path(__file__).with_name(f)) for f in SOURCES],
             extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *flags],
             extra_ldflags=["-fopenmp"])
     except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
@@ -78,6 +81,16 @@ def extension() -> ModuleType | None:
                       "to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
                       stacklevel=2)
         return None
+
+
+@functools.cache
+def sources_digest() -> str:
+    """A digest of the compiled kernels' sources: answers measured on them (the row check) are
+    kept per version of the kernels."""
+    digest = hashlib.sha256()
+    for f in SOURCES:
+        digest.update(Path(__file__).with_name(f).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def int4_mm_built() -> bool:

@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 
 #include <cmath>
@@ -148,72 +149,117 @@ Tensor combine(const Tensor& partials, int64_t q_len) {
 // block around it, so a tree node gets bitwise what its token gets run alone after its
 // ancestors. Row (t, head) reads its logical keys in order: slots [0, start), its block slots
 // in `order` (ancestors first, by depth; the mask added), then slots [start + q_len, n).
-// Scores: q.k in float32, each of 16 lanes summing every 16th product in turn, the lanes then
-// pairwise, times scale. The softmax is ATen's over rows padded with -inf to whole chunks; the
-// output sums p * v in float32 over each CHUNK of logical columns in order, skipping p == 0, and
-// the chunks' partials pairwise (combine).
+// Scores: q.k in float32, each of 16 lanes summing every 16th product in turn by fused
+// multiply-adds (one rounding each), the lanes then pairwise, times scale. The softmax is ATen's
+// over rows padded with -inf to whole chunks; the output sums p * v in float32 by fused
+// multiply-adds over each CHUNK of logical columns in order, skipping p == 0, and the chunks'
+// partials pairwise (combine). Every fused multiply-add is written out (Lanes' fma), never left
+// to the compiler, so the loops give the same bits on every instruction set they are built for.
 // Heads, key tiles and chunks run in parallel. Two small bfloat16 products through oneDNN
 // cost ~25 us each a layer whatever their size.
 constexpr int64_t LANES = 16;
-typedef float lanes_t __attribute__((vector_size(LANES * sizeof(float))));
-typedef uint16_t half_lanes_t __attribute__((vector_size(LANES * sizeof(uint16_t))));
-typedef uint32_t bits_t __attribute__((vector_size(LANES * sizeof(uint32_t))));
+typedef float eight_t __attribute__((vector_size(8 * sizeof(float))));
 
-inline lanes_t load_lanes(const at::BFloat16* src) {
-  half_lanes_t h;
-  std::memcpy(&h, src, sizeof(h));
-  bits_t bits = __builtin_convertvector(h, bits_t) << 16;
-  lanes_t out;
-  std::memcpy(&out, &bits, sizeof(out));
+// 16 float lanes and the loops' operations on them, each lane's value the same on every
+// instruction set: one AVX-512 register, two AVX2 ones, or plain floats.
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+struct Lanes {
+  __m512 v;
+};
+inline Lanes zero() { return {_mm512_setzero_ps()}; }
+inline Lanes broadcast(float x) { return {_mm512_set1_ps(x)}; }
+inline Lanes load_lanes(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline Lanes load_lanes(const at::BFloat16* p) {
+  __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
+}
+inline void store_lanes(float* p, Lanes a) { _mm512_storeu_ps(p, a.v); }
+inline Lanes fma(Lanes a, Lanes b, Lanes c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+// lanes l and l + 8 added
+inline eight_t fold(Lanes a) {
+  return (eight_t)_mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+struct Lanes {
+  __m256 lo, hi;
+};
+inline Lanes zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline Lanes broadcast(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline Lanes load_lanes(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline __m256 widen(const at::BFloat16* p) {
+  __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline Lanes load_lanes(const at::BFloat16* p) { return {widen(p), widen(p + 8)}; }
+inline void store_lanes(float* p, Lanes a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline Lanes fma(Lanes a, Lanes b, Lanes c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline eight_t fold(Lanes a) { return (eight_t)_mm256_add_ps(a.lo, a.hi); }
+#else
+struct Lanes {
+  float v[LANES];
+};
+inline Lanes broadcast(float x) {
+  Lanes out;
+  std::fill(out.v, out.v + LANES, x);
   return out;
 }
-
-inline lanes_t load_lanes(const float* src) {
-  lanes_t out;
-  std::memcpy(&out, src, sizeof(out));
+inline Lanes zero() { return broadcast(0.0f); }
+template <typename T>
+inline Lanes load_lanes(const T* p) {
+  Lanes out;
+  for (int64_t l = 0; l < LANES; ++l) out.v[l] = static_cast<float>(p[l]);
   return out;
 }
+inline void store_lanes(float* p, Lanes a) { std::copy(a.v, a.v + LANES, p); }
+inline Lanes fma(Lanes a, Lanes b, Lanes c) {
+  for (int64_t l = 0; l < LANES; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+  return c;
+}
+inline eight_t fold(Lanes a) {
+  eight_t out;
+  for (int64_t l = 0; l < 8; ++l) out[l] = a.v[l] + a.v[l + 8];
+  return out;
+}
+#endif
 
 // The dot products q_r . k (q float rows of d, a multiple of LANES; k bfloat16) of R = 1 or
-// 4 rows into out[r]: lane l sums q[i] k[i] for i = l, l + 16, ... in turn, then lanes l and
-// l + 8 are added, then l and l + 4, l and l + 2, l and l + 1. Four rows at once give the same
-// sums, their lanes packed into fewer vectors.
+// 4 rows into out[r]: lane l sums q[i] k[i] for i = l, l + 16, ... in turn by fused
+// multiply-adds, then lanes l and l + 8 are added, then l and l + 4, l and l + 2, l and l + 1.
+// Four rows at once give the same sums, their lanes packed into fewer vectors.
 template <int R>
 [[gnu::always_inline]] inline void dots(const float* q, int64_t d, const at::BFloat16* k,
                                         float* out) {
-  lanes_t acc[R] = {};
+  Lanes acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = zero();
   for (int64_t i = 0; i < d; i += LANES) {
-    lanes_t key = load_lanes(k + i);
-    for (int r = 0; r < R; ++r) acc[r] += load_lanes(q + r * d + i) * key;
+    Lanes key = load_lanes(k + i);
+    for (int r = 0; r < R; ++r) acc[r] = fma(load_lanes(q + r * d + i), key, acc[r]);
   }
   if constexpr (R == 1) {
-    lanes_t a = acc[0];
-    a += __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-    a += __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    a += __builtin_shufflevector(a, a, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    a += __builtin_shufflevector(a, a, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    eight_t a = fold(acc[0]);
+    a += __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 0, 0, 0);
+    a += __builtin_shufflevector(a, a, 2, 3, 0, 0, 0, 0, 0, 0);
+    a += __builtin_shufflevector(a, a, 1, 0, 0, 0, 0, 0, 0, 0);
     out[0] = a[0];
   } else {
     static_assert(R == 4, "dots: 1 or 4 rows");
-    // [rows 0, 1 | 8 lanes each], [rows 2, 3 | 8 lanes each]
-    lanes_t x01 = __builtin_shufflevector(acc[0], acc[1], 0, 1, 2, 3, 4, 5, 6, 7,
-                                          16, 17, 18, 19, 20, 21, 22, 23) +
-                  __builtin_shufflevector(acc[0], acc[1], 8, 9, 10, 11, 12, 13, 14, 15,
-                                          24, 25, 26, 27, 28, 29, 30, 31);
-    lanes_t x23 = __builtin_shufflevector(acc[2], acc[3], 0, 1, 2, 3, 4, 5, 6, 7,
-                                          16, 17, 18, 19, 20, 21, 22, 23) +
-                  __builtin_shufflevector(acc[2], acc[3], 8, 9, 10, 11, 12, 13, 14, 15,
-                                          24, 25, 26, 27, 28, 29, 30, 31);
-    // [rows 0..3 | 4 lanes each]
-    lanes_t y = __builtin_shufflevector(x01, x23, 0, 1, 2, 3, 8, 9, 10, 11,
-                                        16, 17, 18, 19, 24, 25, 26, 27) +
-                __builtin_shufflevector(x01, x23, 4, 5, 6, 7, 12, 13, 14, 15,
-                                        20, 21, 22, 23, 28, 29, 30, 31);
+    eight_t x[4];
+    for (int r = 0; r < 4; ++r) x[r] = fold(acc[r]);
+    // [rows 0, 1 | 4 lanes each], [rows 2, 3 | 4 lanes each]
+    eight_t x01 = __builtin_shufflevector(x[0], x[1], 0, 1, 2, 3, 8, 9, 10, 11) +
+                  __builtin_shufflevector(x[0], x[1], 4, 5, 6, 7, 12, 13, 14, 15);
+    eight_t x23 = __builtin_shufflevector(x[2], x[3], 0, 1, 2, 3, 8, 9, 10, 11) +
+                  __builtin_shufflevector(x[2], x[3], 4, 5, 6, 7, 12, 13, 14, 15);
     // [rows 0..3 | 2 lanes each], then 1
-    lanes_t z = __builtin_shufflevector(y, y, 0, 1, 4, 5, 8, 9, 12, 13, 0, 0, 0, 0, 0, 0, 0, 0) +
-                __builtin_shufflevector(y, y, 2, 3, 6, 7, 10, 11, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-    lanes_t w = __builtin_shufflevector(z, z, 0, 2, 4, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0) +
-                __builtin_shufflevector(z, z, 1, 3, 5, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    eight_t z = __builtin_shufflevector(x01, x23, 0, 1, 4, 5, 8, 9, 12, 13) +
+                __builtin_shufflevector(x01, x23, 2, 3, 6, 7, 10, 11, 14, 15);
+    eight_t w = __builtin_shufflevector(z, z, 0, 2, 4, 6, 0, 0, 0, 0) +
+                __builtin_shufflevector(z, z, 1, 3, 5, 7, 0, 0, 0, 0);
     for (int r = 0; r < 4; ++r) out[r] = w[r];
   }
 }
@@ -229,18 +275,15 @@ template <int R>
 [[gnu::always_inline]] inline void add_scaled(float* acc, const float* w, const at::BFloat16* v,
                                               int64_t d) {
   for (int64_t i = 0; i < d; i += LANES) {
-    lanes_t value = load_lanes(v + i);
-    for (int r = 0; r < R; ++r) {
-      if (w[r] == 0.0f) continue;
-      lanes_t sum = load_lanes(acc + r * d + i) + w[r] * value;
-      std::memcpy(acc + r * d + i, &sum, sizeof(sum));
-    }
+    Lanes value = load_lanes(v + i);
+    for (int r = 0; r < R; ++r)
+      if (w[r] != 0.0f) store_lanes(acc + r * d + i, fma(broadcast(w[r]), value, load_lanes(acc + r * d + i)));
   }
 }
 
 // A float32 buffer of this shape, reused across calls while it stays under SCRATCH_FLOATS
 // (a decoding step's scores: fresh allocations of this size cost page faults every call).
-// Every element is written before it is read.
+// Every element that decides a result is written before it is read.
 constexpr int64_t SCRATCH_FLOATS = 1 << 20;
 
 Tensor scratch(int slot, at::IntArrayRef shape) {
@@ -288,40 +331,45 @@ constexpr int64_t COLUMNS = 64;
 constexpr int64_t COLUMNS = 16;
 #endif
 
-// acc (4 rows of d) += p * v over keys [j0, j1), in order, for the rows of probabilities
-// `probs`, skipping p == 0; D as for score_keys. With D known, COLUMNS columns at a time stay
-// in registers over all the keys (each element's sum still runs over the keys in order: the
-// same operations as add_scaled's).
+// acc (4 rows of d) += p * v over keys [j0, j1), in order, for 4 rows of probabilities `p`
+// (`stride` apart, all readable: rows past a head's last are summed and dropped), skipping
+// p == 0; D as for score_keys. With D known, COLUMNS columns at a time stay in registers over
+// all the keys (each element's sum still runs over the keys in order: the same operations as
+// add_scaled's).
 template <int64_t D>
-void accumulate_keys(float* __restrict__ acc, Rows<const float> probs, Slots slots, int64_t j0,
-                     int64_t j1, int64_t d) {
-  const float* __restrict__ p = probs.data;
+void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64_t stride,
+                     Slots slots, int64_t j0, int64_t j1, int64_t d) {
   const at::BFloat16* __restrict__ values = slots.data;
-  const int64_t stride = probs.stride, count = probs.count, vs = slots.stride;
+  const int64_t vs = slots.stride;
   if constexpr (D % COLUMNS == 0 && D > 0) {
     constexpr int64_t V = COLUMNS / LANES;
     for (int64_t c = 0; c < D; c += COLUMNS) {
-      lanes_t a[4][V];
+      Lanes a[4][V];
       for (int r = 0; r < 4; ++r)
         for (int64_t i = 0; i < V; ++i) a[r][i] = load_lanes(acc + r * D + c + i * LANES);
       for (int64_t j = j0; j < j1; ++j) {
-        float w[4] = {};
-        for (int64_t i = 0; i < count; ++i) w[i] = p[i * stride + j];
+        const float w[4] = {p[j], p[stride + j], p[2 * stride + j], p[3 * stride + j]};
         const at::BFloat16* v = values + j * vs + c;
-        for (int64_t i = 0; i < V; ++i) {
-          lanes_t value = load_lanes(v + i * LANES);
-          for (int r = 0; r < 4; ++r)
-            if (w[r] != 0.0f) a[r][i] = a[r][i] + w[r] * value;
+        if (w[0] != 0.0f && w[1] != 0.0f && w[2] != 0.0f && w[3] != 0.0f) {
+          const Lanes b[4] = {broadcast(w[0]), broadcast(w[1]), broadcast(w[2]), broadcast(w[3])};
+          for (int64_t i = 0; i < V; ++i) {
+            Lanes value = load_lanes(v + i * LANES);
+            for (int r = 0; r < 4; ++r) a[r][i] = fma(b[r], value, a[r][i]);
+          }
+        } else {
+          for (int64_t i = 0; i < V; ++i) {
+            Lanes value = load_lanes(v + i * LANES);
+            for (int r = 0; r < 4; ++r)
+              if (w[r] != 0.0f) a[r][i] = fma(broadcast(w[r]), value, a[r][i]);
+          }
         }
       }
       for (int r = 0; r < 4; ++r)
-        for (int64_t i = 0; i < V; ++i)
-          std::memcpy(acc + r * D + c + i * LANES, &a[r][i], sizeof(lanes_t));
+        for (int64_t i = 0; i < V; ++i) store_lanes(acc + r * D + c + i * LANES, a[r][i]);
     }
   } else {
     for (int64_t j = j0; j < j1; ++j) {
-      float w[4] = {};
-      for (int64_t i = 0; i < count; ++i) w[i] = p[i * stride + j];
+      const float w[4] = {p[j], p[stride + j], p[2 * stride + j], p[3 * stride + j]};
       add_scaled<4>(acc, w, values + j * vs, D ? D : d);
     }
   }
@@ -419,8 +467,10 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       std::fill(out + n, out + padded, -INFINITY);
     }
   });
-  Tensor p = scratch(1, {heads * q_len, padded});
-  at::_softmax_out(p, s, -1, false);
+  // (3 rows more, that the last head's rows go four at a time; their sums are dropped)
+  Tensor p = scratch(1, {heads * q_len + 3, padded});
+  Tensor probabilities = p.narrow(0, 0, heads * q_len);
+  at::_softmax_out(probabilities, s, -1, false);
   const float* pp = p.const_data_ptr<float>();
   // each chunk's partial outputs, a (head, chunk, four rows) at a time; then their pairwise sum
   int64_t chunks = padded / CHUNK, blocks = (rows + 3) / 4;
@@ -436,7 +486,7 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       int64_t c0 = chunk * CHUNK, c1 = std::min((chunk + 1) * CHUNK, n);
       auto run = [&](int64_t j0, int64_t j1) {
         if (j0 < j1)
-          accumulate(acc.data(), {pp + r0 * padded, padded, r1 - r0}, {values, vs}, j0, j1, d);
+          accumulate(acc.data(), pp + r0 * padded, padded, {values, vs}, j0, j1, d);
       };
       if (!pord) {
         run(c0, c1);

@@ -22,6 +22,7 @@ import torch
 
 from ..cache.full import StaticCache
 from ..tree import TreeShape
+from .compiled import sources_digest
 from .prefill import prefill
 from .profile import KernelProfile, kernel_profile
 from .sources import longspec_home
@@ -85,6 +86,7 @@ def _shape_key(net, profile: KernelProfile) -> str:
     products = [(type(p).__name__, [tuple(t.shape) for t in (*p.parameters(), *p.buffers())])
                 for p in (*net.layers[0].children(), net.lm_head)]
     key = {"host": _host(net.device), "profile": profile.as_dict(), "products": products,
+           "kernels": sources_digest(),
            "shape": [c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
                      c.rope.type, c.tie_word_embeddings]}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
