@@ -168,6 +168,32 @@ def test_the_attention_operator_passes_opcheck():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("d", [32, 64, 128])   # the loops for any d, and those compiled for d
+def test_the_attention_operator_is_attention(d):
+    """Against float64 attention: a 5-node tree over 600 slots (three chunks), 3 query heads
+    a key head (15 rows a head: the last four-row block runs past them)."""
+    g = torch.Generator().manual_seed(0)
+    n, start = 600, 595
+    keys, values = (torch.randn(2, n, d, generator=g).bfloat16() for _ in range(2))
+    q = torch.randn(5, 6, d, generator=g).bfloat16()
+    parents = [-1, 0, 0, 1, 2]
+    mask = TreeShape(parents, torch.device("cpu")).mask(torch.bfloat16)
+    out = torch.ops.longspec.attention(q, keys, values, start, mask, block_order(mask),
+                                       d ** -0.5)
+    expected = torch.empty(5, 6, d, dtype=torch.float64)
+    for t in range(5):
+        ancestors = [t]
+        while parents[ancestors[-1]] >= 0:
+            ancestors.append(parents[ancestors[-1]])
+        slots = list(range(start)) + [start + a for a in sorted(ancestors)]
+        for h in range(6):
+            k, v = keys[h // 3, slots].double(), values[h // 3, slots].double()
+            p = torch.softmax(k @ q[t, h].double() * d ** -0.5, -1)
+            expected[t, h] = p @ v
+    torch.testing.assert_close(out.view(5, 6, d).double(), expected, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("d, start", [(24, 9), (32, 10)])
 def test_the_attention_operator_refuses_what_it_cannot_take(d, start):
     q = torch.zeros(1, 6, d, dtype=torch.bfloat16)

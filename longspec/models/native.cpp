@@ -10,7 +10,9 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#if defined(__AVX2__)
 #include <immintrin.h>
+#endif
 
 
 #include <cmath>
@@ -161,7 +163,8 @@ constexpr int64_t LANES = 16;
 typedef float eight_t __attribute__((vector_size(8 * sizeof(float))));
 
 // 16 float lanes and the loops' operations on them, each lane's value the same on every
-// instruction set: one AVX-512 register, two AVX2 ones, or plain floats.
+// instruction set: one AVX-512 register, two AVX2 ones, or plain floats (std::fma: one
+// instruction on CPUs with fused multiply-adds, a slow library call on x86 CPUs older than AVX2).
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 struct Lanes {
   __m512 v;
