@@ -279,8 +279,11 @@ template <int R>
                                               int64_t d) {
   for (int64_t i = 0; i < d; i += LANES) {
     Lanes value = load_lanes(v + i);
-    for (int r = 0; r < R; ++r)
-      if (w[r] != 0.0f) store_lanes(acc + r * d + i, fma(broadcast(w[r]), value, load_lanes(acc + r * d + i)));
+    for (int r = 0; r < R; ++r) {
+      if (w[r] == 0.0f) continue;
+      float* row = acc + r * d + i;
+      store_lanes(row, fma(broadcast(w[r]), value, load_lanes(row)));
+    }
   }
 }
 
