@@ -24,6 +24,10 @@ def _drafter_flags(p, kind: str | None) -> None:
                    help="train on this many tokens of ShareGPT's conversations through the "
                         "model's chat template instead (fetched on first use; answers only "
                         "are learned; held out: other conversations)")
+    p.add_argument("--answers", default="", metavar="DIR",
+                   help="with --sharegpt: the model's own answers to ShareGPT's questions "
+                        "(longspec answers --sharegpt) in place of the conversations they "
+                        "answer")
     p.add_argument("--out", required=True, help="directory for the drafter (<kind>.safetensors, "
                    "<kind>.json) and its checkpoint; a run there with the same settings "
                    "continues from the checkpoint")
@@ -63,10 +67,14 @@ def add_parsers(sub) -> None:
     a = sub.add_parser("answers", help="write the model's own chat answers to instructions as "
                        "training text for its drafters (self-distillation)")
     a.add_argument("model", help="checkpoint directory, GGUF file, Hub id or bundled name")
-    a.add_argument("--instructions", required=True, metavar="FILE",
-                   help="one instruction per line")
-    a.add_argument("--out", required=True, help="directory for answer-NNNN.txt (existing files "
-                   "are kept, so a second run continues an interrupted one)")
+    asked = a.add_mutually_exclusive_group(required=True)
+    asked.add_argument("--instructions", metavar="FILE", help="one instruction per line")
+    asked.add_argument("--sharegpt", type=int, metavar="COUNT",
+                       help="the first questions of COUNT ShareGPT conversations (fetched on "
+                            "first use), for train-drafter --sharegpt --answers")
+    a.add_argument("--out", required=True, help="directory for answer-NNNN.txt (sharegpt-NNNNN"
+                   ".json; existing files are kept, so a second run continues an interrupted "
+                   "one)")
     a.add_argument("--max-new-tokens", type=int, default=1024)
     a.add_argument("--method", default="auto", help="how to generate (every method writes "
                    "the same text)")
@@ -90,7 +98,8 @@ def run_train_drafter(args) -> int:
                           warmup_steps=args.warmup_steps, batch_size=args.batch_size,
                           seq_len=args.seq_len, target=args.target, gamma=args.gamma,
                           draft_vocab=args.draft_vocab, ttt_steps=args.ttt_steps,
-                          sharegpt=args.sharegpt, checkpoint_every=args.checkpoint_every,
+                          sharegpt=args.sharegpt, answers=args.answers,
+                          checkpoint_every=args.checkpoint_every,
                           seed=args.seed).validate()
     if not args.data and not cfg.sharegpt:
         raise ValueError("give the training text: --data PATH... or --sharegpt TOKENS")
@@ -126,14 +135,19 @@ def print_report(rates: dict) -> None:
 
 
 def run_answers(args) -> int:
-    from ..heads.answers import read_instructions, write_answers
+    from ..heads.answers import read_instructions, write_answers, write_sharegpt_answers
 
-    instructions = read_instructions(args.instructions)
+    if args.sharegpt is not None and args.sharegpt < 1:
+        raise ValueError(f"--sharegpt takes a number of conversations, got {args.sharegpt}")
+    instructions = read_instructions(args.instructions) if args.instructions else None
     sampling = sampling_from_args(args)
     model = load_from_args(args.model, args)
-    paths = write_answers(model, instructions, args.out, max_new_tokens=args.max_new_tokens,
-                          sampling=sampling, seed=args.seed, method=args.method,
-                          progress=not args.no_progress)
+    how = {"max_new_tokens": args.max_new_tokens, "sampling": sampling, "seed": args.seed,
+           "method": args.method, "progress": not args.no_progress}
+    if instructions is None:
+        paths = write_sharegpt_answers(model, args.sharegpt, args.out, **how)
+    else:
+        paths = write_answers(model, instructions, args.out, **how)
     print(f"{len(paths)} answers in {args.out}")
     return 0
 

@@ -62,6 +62,7 @@ class DrafterTraining:
     ttt_steps: int = 3            # eagle: steps unrolled over its own guesses in training
     draft_vocab: int = 0          # eagle: guess among this many most frequent tokens (0: all)
     sharegpt: int = 0             # train on this many tokens of ShareGPT conversations
+    answers: str = ""             # the model's answers to their questions, used in their place
     seed: int = 0
     held_out: float = 0.05        # share of the token stream kept for evaluation
     checkpoint_every: int = 50    # steps
@@ -81,6 +82,9 @@ class DrafterTraining:
         if self.sharegpt < 0:
             raise ValueError(f"sharegpt must be 0 (train on --data) or a number of tokens, got "
                              f"{self.sharegpt}")
+        if self.answers and not self.sharegpt:
+            raise ValueError("answers to ShareGPT's questions replace its conversations: give "
+                             "--sharegpt TOKENS with --answers")
         shortest = max(self.gamma, self.ttt_steps) + 2
         if self.seq_len < shortest:
             raise ValueError(f"seq_len must be at least {shortest}")
@@ -92,8 +96,9 @@ class DrafterTraining:
         return replace(self, lr=lr)
 
     def settings(self) -> dict:
-        """What a checkpoint must share to be continued (all but checkpoint_every)."""
-        return {k: v for k, v in asdict(self).items() if k != "checkpoint_every"}
+        """What a checkpoint must share to be continued (all but checkpoint_every, and the
+        answers' directory: the data's digest says what they were)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("checkpoint_every", "answers")}
 
 
 def evaluate(module, model, held: TargetFeatures, cfg: DrafterTraining) -> tuple[float, list]:
@@ -196,23 +201,29 @@ def training_data(model, data: list[str | Path], cfg: DrafterTraining, progress:
                   ) -> tuple[TokenStream, TokenStream, list[str]]:
     """The training and held-out token streams, and what they were made from: cfg.sharegpt
     tokens of ShareGPT's training conversations and held_out as many of its held-out ones
-    (`zoo/sharegpt.py` splits by conversation), or the text of `data` (files or directories),
-    its last held_out share held out."""
+    (`zoo/sharegpt.py` splits by conversation; those cfg.answers answers stand in for the
+    conversations they answer), or the text of `data` (files or directories), its last
+    held_out share held out."""
     if cfg.sharegpt:
         from ..models.sources import fetch_data
         from ..zoo import sharegpt
+        from .answers import read_sharegpt_answers
 
         if data:
             raise ValueError("train on --data files or on ShareGPT (--sharegpt), not both")
         path = fetch_data("sharegpt")
+        answers = read_sharegpt_answers(cfg.answers) if cfg.answers else {}
 
         def side(held: bool):
-            return (c.turns for c in sharegpt.conversations(path) if sharegpt.held_out(c) == held)
+            return (answers.get(c.id, c.turns) for c in sharegpt.conversations(path)
+                    if sharegpt.held_out(c) == held)
 
         train = chat_stream(model, side(False), cfg.sharegpt, progress, "ShareGPT (train)")
         held_tokens = max(cfg.seq_len, int(cfg.sharegpt * cfg.held_out))
         held = chat_stream(model, side(True), held_tokens, progress, "ShareGPT (held out)")
-        source = [f"ShareGPT ({path.name}): {len(train)} training tokens, {len(held)} held out"]
+        source = [f"ShareGPT ({path.name}): {len(train)} training tokens, {len(held)} held out"
+                  + (f"; the model's answers to {len(answers)} of its questions"
+                     if answers else "")]
     else:
         files = data_files(data)
         stream = read_token_stream(model, files)
@@ -302,7 +313,9 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
     measured = {}
     if cfg.kind == "eagle":
         measured = {"held_out_acceptance": report(module, model, held_set, report_depth())}
-    record = {"kind": cfg.kind, "finished": True, "training": asdict(cfg), **measured,
+    # (the answers' directory by its name: the record travels with the drafter)
+    training = {**asdict(cfg), "answers": Path(cfg.answers).name}
+    record = {"kind": cfg.kind, "finished": True, "training": training, **measured,
               "held_out_loss_before": before[0], "held_out_loss_after": after[0],
               "agreement_before": before[1], "agreement_after": after[1],
               "seconds": round(seconds + time.time() - start, 1), "train_tokens": len(train),
