@@ -16,8 +16,8 @@ from longspec.heads.answers import (
     write_sharegpt_answers,
 )
 from longspec.heads.train import DrafterTraining, training_data
-from longspec.zoo import sharegpt
 from longspec.request import encode_prompt
+from longspec.zoo import sharegpt
 
 TEMPLATE = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}: {{ m['content'] }}\n"
             "{% endfor %}{% if add_generation_prompt %}<|endoftext|>assistant: {% endif %}")
@@ -96,6 +96,8 @@ def test_answers_to_sharegpt_questions_stand_in_for_their_conversations(chat_dem
     with pytest.raises(ValueError, match="holds no answers"):
         read_sharegpt_answers(tmp_path)
     # conversation c50 is held out (the split by conversation), c2-c4 are not
+    assert [sharegpt.held_out(sharegpt.Conversation(f"c{i}_0", [])) for i in (2, 3, 4, 50)] == [
+        False, False, False, True]
     cfg = DrafterTraining(sharegpt=20_000, seq_len=8, answers=str(out)).validate()
     train, held, source = training_data(chat_demo, [], cfg)
     text = chat_demo.tokenizer.decode(train.ids.tolist())
