@@ -194,6 +194,30 @@ def test_the_attention_operator_is_attention(d):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("d", [48, 64, 128])
+@pytest.mark.parametrize("start", [299, 300])
+def test_the_attention_operators_tree_rows_equal_their_paths_alone(d, start):
+    """Each row of a tree is bitwise its path run alone as one query over the same keys, for a
+    block that starts on an odd slot and an even one (the loops may sum keys two at a time)."""
+    g = torch.Generator().manual_seed(0)
+    parents = [-1, 0, 0, 1, 2, 3, 3]
+    keys, values = (torch.randn(2, start + len(parents), d, generator=g).bfloat16()
+                    for _ in range(2))
+    q = torch.randn(len(parents), 6, d, generator=g).bfloat16()
+    mask = TreeShape(parents, torch.device("cpu")).mask(torch.bfloat16)
+    out = torch.ops.longspec.attention(q, keys, values, start, mask, block_order(mask),
+                                       d ** -0.5)
+    for t in range(len(parents)):
+        path = [t]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        slots = list(range(start)) + [start + node for node in reversed(path)]
+        alone = torch.ops.longspec.attention(q[t:t + 1], keys[:, slots], values[:, slots],
+                                             len(slots) - 1, None, None, d ** -0.5)
+        assert torch.equal(out[t], alone[0]), f"node {t} differs"
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("d, start", [(24, 9), (32, 10)])
 def test_the_attention_operator_refuses_what_it_cannot_take(d, start):
     q = torch.zeros(1, 6, d, dtype=torch.bfloat16)

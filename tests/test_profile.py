@@ -17,7 +17,8 @@ def test_profile_names_the_kernels_and_the_row_check_passes():
     p = model.profile
     assert (p.device, p.weights, p.dtype, p.layers, p.attention) == (
         "cpu", "float32", "float32", "python", "products")
-    assert p.isa in ("AMX", "AVX512", "AVX2", "DEFAULT") and p.row_check == "passed"
+    assert p.isa in ("AMX", "AVX512_BF16", "AVX512", "AVX2", "DEFAULT")
+    assert p.row_check == "passed"
     assert "fp32_min_rows=2" in p.rows
     res = longspec.generate(model, "x = 1\n", max_new_tokens=4, method="ar")
     assert res.stats["kernel_profile"] == p.as_dict()
@@ -28,7 +29,7 @@ def test_quantized_model_runs_the_compiled_loops():
     p = longspec.load_model("demo", quantize="q4", device="cpu").profile
     assert (p.weights, p.dtype, p.layers, p.attention) == ("int4", "bfloat16", "compiled",
                                                            "loops")
-    assert p.int4_kernel == ("int4_mm" if p.isa in ("AMX", "AVX512", "AVX2") else "aten")
+    assert p.int4_kernel == ("aten" if p.isa == "DEFAULT" else "int4_mm")
 
 
 def test_the_row_check_finds_a_row_that_differs(tiny_model):
@@ -69,3 +70,27 @@ def test_info_prints_the_model_and_its_profile(capsys):
     assert main(["info", "demo", "--dtype", "float32", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["kernel_profile"]["layers"] == "python" and info["layers"] == 8
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("features, limit, isa, build", [
+    ({"amx_tile", "avx512_bf16", "vnni"}, "ALL", "AMX", "avx512_bf16"),
+    ({"amx_tile", "avx512_bf16", "vnni"}, "AVX512_CORE_BF16", "AVX512_BF16", "avx512_bf16"),
+    ({"amx_tile", "avx512_bf16", "vnni"}, "AVX512_CORE_VNNI", "AVX512", "avx512_vnni"),
+    ({"avx512_bf16", "vnni"}, "ALL", "AVX512_BF16", "avx512_bf16"),
+    ({"avx512_bf16", "vnni"}, "AVX512_CORE", "AVX512", "avx512_vnni"),
+    ({"vnni"}, "ALL", "AVX512", "avx512_vnni"),
+    (set(), "ALL", "AVX512", "avx512"),
+])
+def test_the_instruction_set_follows_the_cpu_and_onednn_max_isa(monkeypatch, features, limit,
+                                                                 isa, build):
+    """Which kernels an AVX-512 CPU's features and ONEDNN_MAX_CPU_ISA choose: AMX and bfloat16
+    dot products only where the limit leaves them, the same build for AMX and BF16."""
+    from longspec.models import compiled
+    for feature in ("amx_tile", "avx512_bf16", "vnni"):
+        monkeypatch.setattr(compiled.torch.cpu, f"_is_{feature}_supported",
+                            lambda f=feature: f in features, raising=False)
+    monkeypatch.setattr(compiled.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
+    assert compiled.cpu_isa() == isa
+    assert compiled._instruction_set()[0] == build

@@ -20,8 +20,9 @@ import torch
 
 # The vector instructions the build may use, by what PyTorch found this CPU to have. The attention
 # loops' results do not depend on them (each lane's operations in a fixed order, every fused
-# multiply-add written out, none contracted by the compiler); the build's name does, so that a
-# build directory shared by machines with other CPUs never runs one's instructions on the other.
+# multiply-add written out, none contracted by the compiler), except for bfloat16 dot products
+# (BF16_FLAGS); the build's name does, so that a build directory shared by machines with other
+# CPUs never runs one's instructions on the other.
 ISA_FLAGS = {"AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma",
                         "-mf16c"],
              "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
@@ -29,6 +30,9 @@ SOURCES = ("native.cpp", "int4_mm.cpp")
 
 # AVX-512 CPUs with VNNI sum int4_mm's integer products in one instruction (the same sums)
 VNNI_FLAGS = ["-mavx512vnni"]
+# ... and those with bfloat16 dot products (AVX512_BF16: AMX CPUs, Zen 4 and later) score keys
+# with them: other sums than fused multiply-adds, so a profile of their own
+BF16_FLAGS = ["-mavx512bf16"]
 
 
 def onednn_max_isa() -> str:
@@ -36,22 +40,39 @@ def onednn_max_isa() -> str:
     return os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
 
 
+def _supported(feature: str) -> bool:
+    """torch.cpu._is_<feature>_supported() (private, may go: False then)."""
+    return getattr(torch.cpu, f"_is_{feature}_supported", lambda: False)()
+
+
 def cpu_isa() -> str:
-    """The instruction set the CPU kernels act as: "AMX" (AVX-512 with AMX tiles), "AVX512",
-    "AVX2" or "DEFAULT", as PyTorch found the CPU (ATEN_CPU_CAPABILITY lowers it), and AMX only
-    where ONEDNN_MAX_CPU_ISA leaves oneDNN the tiles (unset, ALL, or an AMX level)."""
+    """The instruction set the CPU kernels act as: "AMX" (AVX-512 with AMX tiles),
+    "AVX512_BF16" (AVX-512 with VNNI and bfloat16 dot products), "AVX512", "AVX2" or "DEFAULT",
+    as PyTorch found the CPU (ATEN_CPU_CAPABILITY lowers it); AMX and BF16 only where
+    ONEDNN_MAX_CPU_ISA leaves oneDNN them (unset, ALL, or a level that names them:
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI acts as an AVX-512 CPU without)."""
     capability = torch.backends.cpu.get_cpu_capability()
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)   # private, may go
-    allowed = onednn_max_isa() in ("ALL", "DEFAULT") or "AMX" in onednn_max_isa()
-    return "AMX" if capability == "AVX512" and allowed and amx() else capability
+    if capability != "AVX512":
+        return capability
+    limit = onednn_max_isa()
+    every = limit in ("ALL", "DEFAULT")
+    if (every or "AMX" in limit) and _supported("amx_tile"):
+        return "AMX"
+    if (every or "AMX" in limit or "BF16" in limit) and _supported("avx512_bf16") \
+            and _supported("vnni"):
+        return "AVX512_BF16"
+    return capability
 
 
 def _instruction_set() -> tuple[str, list[str]]:
     """(the build's name suffix, its compiler flags)."""
-    isa = cpu_isa().replace("AMX", "AVX512")     # AMX CPUs take the AVX-512 build
-    vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)   # AVX512-VNNI; private
-    if isa == "AVX512" and vnni():
-        return "avx512_vnni", ISA_FLAGS["AVX512"] + VNNI_FLAGS
+    isa = cpu_isa()
+    if isa in ("AMX", "AVX512_BF16"):
+        isa = "AVX512"
+        if _supported("avx512_bf16") and _supported("vnni"):   # AMX's kernels: the same bits
+            return "avx512_bf16", ISA_FLAGS[isa] + VNNI_FLAGS + BF16_FLAGS
+    if isa == "AVX512" and _supported("vnni"):
+        return "avx512_vnni", ISA_FLAGS[isa] + VNNI_FLAGS
     return isa.lower(), ISA_FLAGS.get(isa, [])
 
 

@@ -157,6 +157,10 @@ Tensor combine(const Tensor& partials, int64_t q_len) {
 // multiply-adds over each CHUNK of logical columns in order, skipping p == 0, and the chunks'
 // partials pairwise (combine). Every fused multiply-add is written out (Lanes' fma), never left
 // to the compiler, so the loops give the same bits on every instruction set they are built for.
+// A build for AVX-512 with bfloat16 dot products (__AVX512BF16__) is another arithmetic, 1.4-1.5x
+// faster from 2K positions: queries stay bfloat16 and each lane sums pairs of products by that
+// instruction; the probabilities are rounded to bfloat16 and summed with the values two keys at
+// a time (sum_products, accumulate_keys below).
 // Heads, key tiles and chunks run in parallel. Two small bfloat16 products through oneDNN
 // cost ~25 us each a layer whatever their size.
 constexpr int64_t LANES = 16;
@@ -230,19 +234,56 @@ inline eight_t fold(Lanes a) {
 }
 #endif
 
-// The dot products q_r . k (q float rows of d, a multiple of LANES; k bfloat16) of R = 1 or
-// 4 rows into out[r]: lane l sums q[i] k[i] for i = l, l + 16, ... in turn by fused
-// multiply-adds, then lanes l and l + 8 are added, then l and l + 4, l and l + 2, l and l + 1.
-// Four rows at once give the same sums, their lanes packed into fewer vectors.
+#if defined(__AVX512BF16__)
+// Queries stay bfloat16: lane l of the scores' sums takes q[i] k[i] for the pairs i = 2l + 32m,
+// 2l + 32m + 1 (m = 0, 1, ...) by one bfloat16 dot-product instruction per 32 (AVX-512 BF16: each
+// exact product added with one rounding, subnormals flushed; the masked tail past d adds zeros):
+// half the instructions of widening keys to float and a fused multiply-add per element.
+// sum_products: acc[key * R + r] of R query rows and K keys (`stride` apart), d in order.
+using Query = at::BFloat16;
+
+template <int R, int K = 1>
+[[gnu::always_inline]] inline void sum_products(const Query* q, int64_t d, const at::BFloat16* k,
+                                                int64_t stride, Lanes* acc) {
+  for (int64_t i = 0; i < d; i += 2 * LANES) {
+    const __mmask32 in = d - i >= 2 * LANES ? ~0u : (1u << (d - i)) - 1;
+    __m512bh rows[R];
+    for (int r = 0; r < R; ++r) rows[r] = (__m512bh)_mm512_maskz_loadu_epi16(in, q + r * d + i);
+    for (int key = 0; key < K; ++key) {
+      const __m512bh keys = (__m512bh)_mm512_maskz_loadu_epi16(in, k + key * stride + i);
+      for (int r = 0; r < R; ++r)
+        acc[key * R + r].v = _mm512_dpbf16_ps(acc[key * R + r].v, rows[r], keys);
+    }
+  }
+}
+#else
+// Queries as floats: lane l sums q[i] k[i] for i = l, l + 16, ... in turn by fused multiply-adds.
+using Query = float;
+
+template <int R, int K = 1>
+[[gnu::always_inline]] inline void sum_products(const Query* q, int64_t d, const at::BFloat16* k,
+                                                int64_t stride, Lanes* acc) {
+  for (int64_t i = 0; i < d; i += LANES) {
+    Lanes rows[R];
+    for (int r = 0; r < R; ++r) rows[r] = load_lanes(q + r * d + i);
+    for (int key = 0; key < K; ++key) {
+      const Lanes keys = load_lanes(k + key * stride + i);
+      for (int r = 0; r < R; ++r) acc[key * R + r] = fma(rows[r], keys, acc[key * R + r]);
+    }
+  }
+}
+#endif
+
+// The dot products q_r . k (q rows of d, a multiple of LANES; k bfloat16) of R = 1 or 4 rows
+// into out[r]: each lane's sum as sum_products makes it, then lanes l and l + 8 are added, then
+// l and l + 4, l and l + 2, l and l + 1. Four rows at once give the same sums, their lanes packed
+// into fewer vectors.
 template <int R>
-[[gnu::always_inline]] inline void dots(const float* q, int64_t d, const at::BFloat16* k,
+[[gnu::always_inline]] inline void dots(const Query* q, int64_t d, const at::BFloat16* k,
                                         float* out) {
   Lanes acc[R];
   for (int r = 0; r < R; ++r) acc[r] = zero();
-  for (int64_t i = 0; i < d; i += LANES) {
-    Lanes key = load_lanes(k + i);
-    for (int r = 0; r < R; ++r) acc[r] = fma(load_lanes(q + r * d + i), key, acc[r]);
-  }
+  sum_products<R>(q, d, k, 0, acc);
   if constexpr (R == 1) {
     eight_t a = fold(acc[0]);
     a += __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 0, 0, 0);
@@ -267,24 +308,10 @@ template <int R>
   }
 }
 
-inline float dot(const float* q, const at::BFloat16* k, int64_t d) {
+inline float dot(const Query* q, const at::BFloat16* k, int64_t d) {
   float out;
   dots<1>(q, d, k, &out);
   return out;
-}
-
-// acc_r += w_r * v (bfloat16) for R rows of acc (d apart), skipping w_r == 0
-template <int R>
-[[gnu::always_inline]] inline void add_scaled(float* acc, const float* w, const at::BFloat16* v,
-                                              int64_t d) {
-  for (int64_t i = 0; i < d; i += LANES) {
-    Lanes value = load_lanes(v + i);
-    for (int r = 0; r < R; ++r) {
-      if (w[r] == 0.0f) continue;
-      float* row = acc + r * d + i;
-      store_lanes(row, fma(broadcast(w[r]), value, load_lanes(row)));
-    }
-  }
 }
 
 // A float32 buffer of this shape, reused across calls while it stays under SCRATCH_FLOATS
@@ -316,15 +343,65 @@ struct Rows {
 
 // The scores of keys [j0, j1) for out.count query rows from q (rows d apart, 4 of them
 // readable) into out, times scale; D: d known when compiled (0: not).
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// The sums of 16 accumulators, those of 4 keys for 4 rows (key i's row r in acc[4i + r]), by
+// dots' pairwise steps done for all of them at once: lanes l and l + 8 (for two at a time), then
+// l and l + 4, l and l + 2, l and l + 1 (for four), into row r's 4 keys in lane group r.
+inline __m512 fold_sixteen(const Lanes* acc) {
+  __m512 s[8], u[4], r[2];
+  for (int m = 0; m < 8; ++m)     // [2m: l + l+8 | 2m+1: l + l+8]
+    s[m] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * m].v, acc[2 * m + 1].v, 0x44),
+                         _mm512_shuffle_f32x4(acc[2 * m].v, acc[2 * m + 1].v, 0xEE));
+  for (int m = 0; m < 4; ++m)     // lane group g: acc 4m + g, l + l+4
+    u[m] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], 0x88),
+                         _mm512_shuffle_f32x4(s[2 * m], s[2 * m + 1], 0xDD));
+  for (int m = 0; m < 2; ++m)     // group g: acc 8m + g's l + l+2, then acc 8m + 4 + g's
+    r[m] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * m], u[2 * m + 1], 0x44),
+                         _mm512_shuffle_ps(u[2 * m], u[2 * m + 1], 0xEE));
+  // group g: the sums of acc g, 4 + g, 8 + g, 12 + g
+  return _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xDD));
+}
+#endif
+
 template <int64_t D>
-void score_keys(const float* __restrict__ q, int64_t d, Slots keys, int64_t j0, int64_t j1,
+void score_keys(const Query* __restrict__ q, int64_t d, Slots keys, int64_t j0, int64_t j1,
                 Rows<float> out, float scale) {
   const at::BFloat16* __restrict__ k = keys.data;
   float* __restrict__ o = out.data;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  for (; j0 + 4 <= j1; j0 += 4) {   // 4 keys at a time: the same sums, folded together
+    Lanes acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = zero();
+    sum_products<4, 4>(q, D ? D : d, k + j0 * keys.stride, keys.stride, acc);
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, _mm512_mul_ps(fold_sixteen(acc), _mm512_set1_ps(scale)));
+    for (int64_t r = 0; r < out.count; ++r)
+      std::copy(sums + 4 * r, sums + 4 * r + 4, o + r * out.stride + j0);
+  }
+#endif
   for (int64_t j = j0; j < j1; ++j) {
     float four[4];
     dots<4>(q, D ? D : d, k + j * keys.stride, four);
     for (int64_t i = 0; i < out.count; ++i) o[i * out.stride + j] = four[i] * scale;
+  }
+}
+
+#if !defined(__AVX512BF16__)
+// Probabilities as the softmax gives them, summed with the values one key at a time.
+using Probability = float;
+constexpr int64_t PAIR = 1;   // keys accumulate_keys takes at a time
+
+// acc_r += w_r * v (bfloat16) for R rows of acc (d apart), skipping w_r == 0
+template <int R>
+[[gnu::always_inline]] inline void add_scaled(float* acc, const float* w, const at::BFloat16* v,
+                                              int64_t d) {
+  for (int64_t i = 0; i < d; i += LANES) {
+    Lanes value = load_lanes(v + i);
+    for (int r = 0; r < R; ++r) {
+      if (w[r] == 0.0f) continue;
+      float* row = acc + r * d + i;
+      store_lanes(row, fma(broadcast(w[r]), value, load_lanes(row)));
+    }
   }
 }
 
@@ -381,6 +458,113 @@ void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64
   }
 }
 
+// acc (one row of d) += p * v over logical columns [j0, j1), column j's value at values +
+// slot(j) * vs: add_scaled's operations, one column at a time
+template <typename Slot>
+void accumulate_row(float* acc, const Probability* p, const at::BFloat16* values, int64_t vs,
+                    Slot slot, int64_t j0, int64_t j1, int64_t d) {
+  for (int64_t j = j0; j < j1; ++j) add_scaled<1>(acc, p + j, values + slot(j) * vs, d);
+}
+#else
+// Probabilities rounded to bfloat16 and summed with the values two keys at a time: keys j and
+// j + 1 (j even, counted from a chunk's first) by one bfloat16 dot-product instruction per 16
+// columns, column c's lane taking p[j] v[j][c] and p[j + 1] v[j + 1][c] (each exact product added
+// with one rounding). A key past the range's end is a zero, so a row whose keys end at j gets
+// what a tree row gets whose key j + 1 is masked (p 0, its value finite).
+using Probability = at::BFloat16;
+constexpr int64_t PAIR = 2;
+
+struct Interleave {
+  alignas(64) int16_t index[2][32];   // columns [16h, 16h + 16) of rows a, b: a[c], b[c], ...
+};
+constexpr Interleave interleave() {
+  Interleave t{};
+  for (int h = 0; h < 2; ++h)
+    for (int e = 0; e < 32; ++e) t.index[h][e] = static_cast<int16_t>(16 * h + e / 2 + e % 2 * 32);
+  return t;
+}
+constexpr Interleave INTERLEAVE = interleave();
+
+// Columns [0, 32) of the value rows a and b (b null: zeros), only [0, 16) where HALF, as the
+// instruction's pairs, 16 columns a vector.
+template <bool HALF = false>
+[[gnu::always_inline]] inline void pair_columns(const at::BFloat16* a, const at::BFloat16* b,
+                                                __m512i* out) {
+  constexpr __mmask32 in = HALF ? 0xFFFFu : ~0u;
+  const __m512i va = _mm512_maskz_loadu_epi16(in, a);
+  const __m512i vb = b ? _mm512_maskz_loadu_epi16(in, b) : _mm512_setzero_si512();
+  for (int h = 0; h < (HALF ? 1 : 2); ++h)
+    out[h] = _mm512_permutex2var_epi16(va, _mm512_load_si512(INTERLEAVE.index[h]), vb);
+}
+
+// p[j] and p[j + 1] as one word (p[j + 1] a zero unless `both`)
+inline uint32_t pair_of(const Probability* p, bool both) {
+  uint32_t w;
+  std::memcpy(&w, p, sizeof w);
+  return both ? w : w & 0xFFFFu;
+}
+
+inline __m512bh weights(uint32_t w) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(w)); }
+
+// acc (one row of d) += p * v over logical columns [j0, j1) (j0 even), column j's value at
+// values + slot(j) * vs, skipping pairs of zeros
+template <typename Slot>
+void accumulate_row(float* acc, const Probability* p, const at::BFloat16* values, int64_t vs,
+                    Slot slot, int64_t j0, int64_t j1, int64_t d) {
+  for (int64_t j = j0; j < j1; j += 2) {
+    const bool both = j + 1 < j1;
+    const uint32_t w = pair_of(p + j, both);
+    if (w == 0) continue;
+    const at::BFloat16* a = values + slot(j) * vs;
+    const at::BFloat16* b = both ? values + slot(j + 1) * vs : nullptr;
+    for (int64_t c = 0; c < d; c += 32) {
+      __m512i operand[2];
+      const bool half = d - c < 32;
+      half ? pair_columns<true>(a + c, b ? b + c : nullptr, operand)
+           : pair_columns(a + c, b ? b + c : nullptr, operand);
+      for (int i = 0; i < (half ? 1 : 2); ++i)
+        _mm512_storeu_ps(acc + c + 16 * i, _mm512_dpbf16_ps(_mm512_loadu_ps(acc + c + 16 * i),
+                                                            (__m512bh)operand[i], weights(w)));
+    }
+  }
+}
+
+// acc (4 rows of d) += p * v over keys [j0, j1) (j0 even), for 4 rows of probabilities `p`
+// (`stride` apart, all readable: rows past a head's last are summed and dropped): each row's
+// operations are accumulate_row's; D as for score_keys. With D a multiple of 64, 64 columns at a
+// time stay in registers over all the keys, and a pair of keys is interleaved once for 4 rows.
+template <int64_t D>
+void accumulate_keys(float* __restrict__ acc, const Probability* __restrict__ p, int64_t stride,
+                     Slots slots, int64_t j0, int64_t j1, int64_t d) {
+  if constexpr (D > 0 && D % 64 == 0) {
+    for (int64_t c = 0; c < D; c += 64) {
+      __m512 a[4][4];
+      for (int r = 0; r < 4; ++r)
+        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_loadu_ps(acc + r * D + c + 16 * i);
+      for (int64_t j = j0; j < j1; j += 2) {
+        const bool both = j + 1 < j1;
+        uint32_t w[4];
+        for (int r = 0; r < 4; ++r) w[r] = pair_of(p + r * stride + j, both);
+        if ((w[0] | w[1] | w[2] | w[3]) == 0) continue;
+        const at::BFloat16* v = slots.data + j * slots.stride + c;
+        __m512i operand[4];
+        pair_columns(v, both ? v + slots.stride : nullptr, operand);
+        pair_columns(v + 32, both ? v + slots.stride + 32 : nullptr, operand + 2);
+        for (int r = 0; r < 4; ++r)
+          for (int i = 0; i < 4; ++i)
+            a[r][i] = _mm512_dpbf16_ps(a[r][i], (__m512bh)operand[i], weights(w[r]));
+      }
+      for (int r = 0; r < 4; ++r)
+        for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * D + c + 16 * i, a[r][i]);
+    }
+  } else {
+    for (int r = 0; r < 4; ++r)
+      accumulate_row(acc + r * d, p + r * stride, slots.data, slots.stride,
+                     [](int64_t j) { return j; }, j0, j1, d);
+  }
+}
+#endif
+
 using ScoreKeys = decltype(&score_keys<0>);
 using AccumulateKeys = decltype(&accumulate_keys<0>);
 
@@ -422,10 +606,11 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   const int64_t* pord = order ? ord.const_data_ptr<int64_t>() : nullptr;
   auto block_slot = [&](int64_t t, int64_t c) { return pord ? pord[t * q_len + c] : c; };
   // row (query head hq, token t) is row hq * q_len + t: head h's rows are [h * rows, +rows)
-  // (and 3 zero rows after the last, so that rows go four at a time); the vector scores' only
-  Tensor qf = at::cat({q.to(at::kFloat).transpose(0, 1).reshape({heads * q_len, d}),
-                       at::zeros({3, d}, q.options().dtype(at::kFloat))});
-  const float* pq = qf.const_data_ptr<float>();
+  // (and 3 zero rows after the last, so that rows go four at a time), as sum_products takes them
+  const auto query_type = std::is_same_v<Query, float> ? at::kFloat : at::kBFloat16;
+  Tensor qf = at::cat({q.to(query_type).transpose(0, 1).reshape({heads * q_len, d}),
+                       at::zeros({3, d}, q.options().dtype(query_type))});
+  const Query* pq = qf.const_data_ptr<Query>();
   Tensor s = scratch(0, {heads * q_len, padded});
   float* ps = s.data_ptr<float>();
   float scalef = static_cast<float>(scale);
@@ -477,7 +662,8 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   Tensor p = scratch(1, {heads * q_len + 3, padded});
   Tensor probabilities = p.narrow(0, 0, heads * q_len);
   at::_softmax_out(probabilities, s, -1, false);
-  const float* pp = p.const_data_ptr<float>();
+  const Tensor taken = p.to(std::is_same_v<Probability, float> ? at::kFloat : at::kBFloat16);
+  const Probability* pp = taken.const_data_ptr<Probability>();
   // each chunk's partial outputs, a (head, chunk, four rows) at a time; then their pairwise sum
   int64_t chunks = padded / CHUNK, blocks = (rows + 3) / 4;
   Tensor partials = scratch(2, {kv_heads, chunks, rows, d});
@@ -496,13 +682,19 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       };
       if (!pord) {
         run(c0, c1);
-      } else {
-        run(c0, std::min(c1, start));
-        for (int64_t j = std::max(c0, start); j < std::min(c1, end); ++j)
-          for (int64_t row = r0; row < r1; ++row)
-            add_scaled<1>(acc.data() + (row - r0) * d, pp + row * padded + j,
-                          values + (start + block_slot(row % q_len, j - start)) * vs, d);
-        run(std::max(c0, end), c1);
+      } else {   // keys whose slots depend on the row (the block's, and PAIRs that take one), a row
+        int64_t before = std::min(c1, start) / PAIR * PAIR;   // at a time; around them, 4 rows
+        int64_t past = (std::max(c0, end) + PAIR - 1) / PAIR * PAIR;
+        int64_t after = std::max(before, std::min(c1, past));
+        run(c0, before);
+        for (int64_t row = r0; row < r1; ++row) {
+          auto slot = [&](int64_t j) {
+            return j < start || j >= end ? j : start + block_slot(row % q_len, j - start);
+          };
+          accumulate_row(acc.data() + (row - r0) * d, pp + row * padded, values, vs, slot,
+                         std::max(c0, before), after, d);
+        }
+        run(after, c1);
       }
       for (int64_t row = r0; row < r1; ++row)
         std::copy(acc.begin() + (row - r0) * d, acc.begin() + (row - r0 + 1) * d,
