@@ -319,13 +319,13 @@ inline float dot(const Query* q, const at::BFloat16* k, int64_t d) {
 // Every element that decides a result is written before it is read.
 constexpr int64_t SCRATCH_FLOATS = 1 << 20;
 
-Tensor scratch(int slot, at::IntArrayRef shape) {
-  thread_local std::vector<float> buffers[3];
-  int64_t size = c10::multiply_integers(shape);
-  if (size > SCRATCH_FLOATS) return at::empty(shape, at::kFloat);
+Tensor scratch(int slot, at::IntArrayRef shape, at::ScalarType type = at::kFloat) {
+  thread_local std::vector<float> buffers[4];
+  int64_t size = c10::multiply_integers(shape) * c10::elementSize(type) / sizeof(float);
+  if (size > SCRATCH_FLOATS) return at::empty(shape, type);
   std::vector<float>& buffer = buffers[slot];
   if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
-  return at::from_blob(buffer.data(), shape, at::kFloat);
+  return at::from_blob(buffer.data(), shape, type);
 }
 
 // A head's keys or values: slot j at data + j * stride.
@@ -662,7 +662,9 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   Tensor p = scratch(1, {heads * q_len + 3, padded});
   Tensor probabilities = p.narrow(0, 0, heads * q_len);
   at::_softmax_out(probabilities, s, -1, false);
-  const Tensor taken = p.to(std::is_same_v<Probability, float> ? at::kFloat : at::kBFloat16);
+  Tensor taken = p;     // as accumulate_keys takes them
+  if constexpr (!std::is_same_v<Probability, float>)
+    taken = scratch(3, p.sizes(), at::kBFloat16).copy_(p);
   const Probability* pp = taken.const_data_ptr<Probability>();
   // each chunk's partial outputs, a (head, chunk, four rows) at a time; then their pairwise sum
   int64_t chunks = padded / CHUNK, blocks = (rows + 3) / 4;
