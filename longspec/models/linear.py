@@ -13,7 +13,10 @@ and 2.15, oneDNN; BENCHMARKS.md), and checked on the host at every load (selfche
 - float32 `x @ W` and `F.linear` are not (MKL picks kernels by row count: 1-3, 4, 8, >= 12);
   oneDNN's inner product (`mkldnn._linear_pointwise`) on weights kept as [in, out] is from 2
   rows on; 1 row takes another path (with AVX-512 above K = 1024, with AVX2 at some smaller K
-  too): it runs as two rows (FP32_MIN_ROWS). It is also 2-2.5x faster than MKL for 8-16 rows.
+  too): it runs as two rows (MIN_ROWS). It is also 2-2.5x faster than MKL for 8-16 rows.
+- on AVX-512 without bfloat16 instructions (profile AVX512: oneDNN emulates bfloat16 products),
+  bfloat16 `F.linear` sums rows otherwise from 4 rows on (13 at K = 1536), and the inner product
+  is again row-invariant from 2 rows on: bfloat16 products take it there, as float32 ones do.
 - the int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`, bfloat16 activations) is
   row-invariant for 1..64 rows as it is; so is longspec::int4_mm (int4_mm.cpp), by
   construction (Int4Linear).
@@ -30,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .compiled import int4_mm
+from .compiled import cpu_isa, int4_mm
 
-FP32_MIN_ROWS = 2    # float32 products of 1 row take another path in oneDNN: run as 2
+MIN_ROWS = 2         # inner products of 1 row take another path in oneDNN: run as 2
 ONEDNN_MIN_WORK = 16 ** 3   # bfloat16 products with rows * K * N at most this skip oneDNN
 MAX_ROWS = 32        # bfloat16 products on AMX: more rows than this sum some rows otherwise
 CUDA_ROWS = 64       # on CUDA every product runs as parts of exactly this many rows
@@ -43,30 +46,37 @@ def min_rows(k: int, n: int) -> int:
     return ONEDNN_MIN_WORK // (k * n) + 1
 
 
+def inner_products(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether dense products of this dtype run as oneDNN's inner product: float32 on a CPU,
+    and bfloat16 on a CPU with AVX-512 but no bfloat16 instructions."""
+    return device.type == "cpu" and (dtype == torch.float32 or (
+        dtype == torch.bfloat16 and cpu_isa() == "AVX512"))
+
+
 class DenseLinear(nn.Module):
     """y = x W^T + b with dense weights, batch-invariant on a CPU."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        """weight [out, in]; kept as [in, out] for float32 on a CPU (oneDNN reads it as is)."""
+        """weight [out, in]; kept as [in, out] for oneDNN's inner product (it reads it as is)."""
         super().__init__()
         self.in_features = weight.shape[1]
-        self.onednn_fp32 = weight.dtype == torch.float32 and weight.device.type == "cpu"
+        self.inner_product = inner_products(weight.dtype, weight.device)
         # on a CPU, fewer rows run padded with zero rows to this many (on CUDA, CUDA_ROWS)
-        self.min_rows = (FP32_MIN_ROWS if self.onednn_fp32
+        self.min_rows = (MIN_ROWS if self.inner_product
                          else max(2, min_rows(*weight.shape)))
-        stored = weight.t().contiguous() if self.onednn_fp32 else weight
+        stored = weight.t().contiguous() if self.inner_product else weight
         self.weight = nn.Parameter(stored, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @property
     def dense_weight(self) -> torch.Tensor:
         """The weight as [out, in] (a view)."""
-        return self.weight.t() if self.onednn_fp32 else self.weight
+        return self.weight.t() if self.inner_product else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if x.device.type == "cpu":       # more rows than `most` run in parts, fewer than `least`
-            most = rows if self.onednn_fp32 else MAX_ROWS       # padded with zero rows
+            most = rows if self.inner_product else MAX_ROWS     # padded with zero rows
             least = self.min_rows
         else:
             most = least = CUDA_ROWS
@@ -75,7 +85,7 @@ class DenseLinear(nn.Module):
         short = rows < least
         if short:
             x = torch.cat([x, x.new_zeros(least - rows, x.shape[1])])
-        if self.onednn_fp32:
+        if self.inner_product:
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight.t(), self.bias, "none", [], "")
         else:
             y = F.linear(x, self.weight, self.bias)

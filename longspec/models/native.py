@@ -31,7 +31,7 @@ import torch
 
 from ..cache.base import AttentionPlan, KVCache
 from .compiled import extension
-from .linear import Int4Linear, RowParts
+from .linear import DenseLinear, Int4Linear, RowParts
 
 
 def _products(net) -> list:
@@ -84,8 +84,13 @@ def attention_loops(net) -> bool:
 
 def native_layers(net) -> NativeLayers | None:
     """The compiled layers for `net` where they apply: a model whose attention runs as
-    longspec::attention, with int4 products (a quantized GGUF or `--quantize`); otherwise
-    None."""
-    if not attention_loops(net) or not any(isinstance(p, Int4Linear) for p in _products(net)):
+    longspec::attention, with int4 products (a quantized GGUF or `--quantize`) and no dense
+    product as oneDNN's inner product (linear.py: bfloat16 on AVX-512 without bfloat16
+    instructions; the compiled layers make dense products as F.linear); otherwise None."""
+    products = _products(net)
+    if not attention_loops(net) or not any(isinstance(p, Int4Linear) for p in products):
+        return None
+    parts = [q for p in products for q in (p.parts if isinstance(p, RowParts) else [p])]
+    if any(isinstance(p, DenseLinear) and p.inner_product for p in parts):
         return None
     return NativeLayers(extension(), net)

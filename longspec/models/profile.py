@@ -68,10 +68,19 @@ def kernel_profile(net, row_check: str = "not run") -> KernelProfile:
         layers="compiled" if net.native is not None else "python",
         attention="loops" if net.loops else "products",
         int4_kernel=int4_kernel(int4),
-        rows=(f"chunk={CHUNK} fp32_min_rows={linear.FP32_MIN_ROWS} "
-              f"onednn_min_work={linear.ONEDNN_MIN_WORK} max_rows={linear.MAX_ROWS}" if cpu
-              else f"chunk={CHUNK} cuda_rows={linear.CUDA_ROWS}"),
+        rows=cpu_rows() if cpu else f"chunk={CHUNK} cuda_rows={linear.CUDA_ROWS}",
         row_check=row_check)
+
+
+def cpu_rows() -> str:
+    """The CPU's row rules (linear.py): inner products' fewest rows, the rows under which
+    bfloat16 products skip oneDNN, their parts' rows, and bfloat16 products as inner products
+    where the CPU has AVX-512 without bfloat16 instructions."""
+    rules = (f"chunk={CHUNK} fp32_min_rows={linear.MIN_ROWS} "
+             f"onednn_min_work={linear.ONEDNN_MIN_WORK} max_rows={linear.MAX_ROWS}")
+    if linear.inner_products(torch.bfloat16, torch.device("cpu")):
+        rules += " bf16=inner_product"
+    return rules
 
 
 def int4_kernel(modules: list[Int4Linear]) -> str:
