@@ -94,3 +94,20 @@ def test_the_instruction_set_follows_the_cpu_and_onednn_max_isa(monkeypatch, fea
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
     assert compiled.cpu_isa() == isa
     assert compiled._instruction_set()[0] == build
+
+
+@pytest.mark.unit
+def test_a_failed_build_falls_back_with_a_warning_naming_the_compiler(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    from longspec.models import compiled
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("c++: error: unrecognized command-line option '-mavx512bf16'")
+
+    monkeypatch.setattr(compiled, "_instruction_set",
+                        lambda: ("avx512_bf16", compiled.VNNI_FLAGS + compiled.BF16_FLAGS))
+    monkeypatch.setattr(cpp_extension, "load", fail)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    with pytest.warns(UserWarning, match=r"-mavx512bf16.*g\+\+ 10 or later"):
+        assert compiled.extension.__wrapped__() is None

@@ -96,11 +96,13 @@ def extension() -> ModuleType | None:
             extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *flags],
             extra_ldflags=["-fopenmp"])
     except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
+        compiler = ("g++ 10 or later, which this CPU's bfloat16 instructions need"
+                    if BF16_FLAGS[0] in flags else "g++")
         warnings.warn(f"longspec's compiled kernels could not be built ({e}); quantized models "
                       "run in Python (slower on a CPU, and another kernel profile: tokens may "
-                      "differ from runs with the compiled layers). Install a C++ compiler (g++) "
-                      "to enable them, or set LONGSPEC_NATIVE=0 to skip this attempt.",
-                      stacklevel=2)
+                      f"differ from runs with the compiled layers). Install a C++ compiler "
+                      f"({compiler}) to enable them, or set LONGSPEC_NATIVE=0 to skip this "
+                      "attempt.", stacklevel=2)
         return None
 
 
