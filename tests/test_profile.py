@@ -5,6 +5,7 @@ import json
 import warnings
 
 import pytest
+import torch
 
 import longspec
 from longspec.cli import main
@@ -111,3 +112,21 @@ def test_a_failed_build_falls_back_with_a_warning_naming_the_compiler(monkeypatc
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     with pytest.warns(UserWarning, match=r"-mavx512bf16.*g\+\+ 10 or later"):
         assert compiled.extension.__wrapped__() is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("isa, limit, expected", [
+    ("AVX512", "ALL", True), ("AVX512", "AVX512_CORE_VNNI", True), ("AVX512", "AVX2", False),
+    ("AVX512_BF16", "ALL", False), ("AMX", "ALL", False), ("AVX2", "AVX2", False),
+])
+def test_bfloat16_products_take_the_inner_product_where_onednn_emulates_bfloat16(
+        monkeypatch, isa, limit, expected):
+    """On AVX-512 without bfloat16 instructions oneDNN's bfloat16 matmul sums rows by row count
+    and its inner product does not; with less than AVX-512 it has no bfloat16 inner product."""
+    from longspec.models import linear
+    monkeypatch.setattr(linear, "cpu_isa", lambda: isa)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
+    cpu = torch.device("cpu")
+    assert linear.inner_products(torch.bfloat16, cpu) is expected
+    assert linear.inner_products(torch.float32, cpu)
+    assert not linear.inner_products(torch.bfloat16, torch.device("meta"))

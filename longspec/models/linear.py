@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .compiled import cpu_isa, int4_mm
+from .compiled import cpu_isa, int4_mm, onednn_max_isa
 
 MIN_ROWS = 2         # inner products of 1 row take another path in oneDNN: run as 2
 ONEDNN_MIN_WORK = 16 ** 3   # bfloat16 products with rows * K * N at most this skip oneDNN
@@ -48,9 +48,12 @@ def min_rows(k: int, n: int) -> int:
 
 def inner_products(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether dense products of this dtype run as oneDNN's inner product: float32 on a CPU,
-    and bfloat16 on a CPU with AVX-512 but no bfloat16 instructions."""
+    and bfloat16 on a CPU with AVX-512 but no bfloat16 instructions where oneDNN may use AVX-512
+    (with less it has no bfloat16 inner product)."""
+    limit = onednn_max_isa()
+    onednn_avx512 = limit in ("ALL", "DEFAULT") or limit.startswith(("AVX512", "AVX10"))
     return device.type == "cpu" and (dtype == torch.float32 or (
-        dtype == torch.bfloat16 and cpu_isa() == "AVX512"))
+        dtype == torch.bfloat16 and cpu_isa() == "AVX512" and onednn_avx512))
 
 
 class DenseLinear(nn.Module):
