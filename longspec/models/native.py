@@ -39,14 +39,18 @@ def _products(net) -> list:
     return [p for b in net.layers for p in (b.wqkv, b.wo, b.w_gate_up, b.w_down)]
 
 
+def _pieces(product) -> list:
+    """A product's modules: a RowParts' parts, or the product itself."""
+    return list(product.parts) if isinstance(product, RowParts) else [product]
+
+
 def _parts(module: ModuleType, product) -> list:
     """A product's parts as the compiled layers take them."""
-    parts = list(product.parts) if isinstance(product, RowParts) else [product]
     return [module.Part(weight=p.packed, scale_zero=p.scale_zero, size=p.group,
                         doubled=p.doubled, bias=p.bias) if isinstance(p, Int4Linear)
             else module.Part(weight=p.weight, scale_zero=None, size=p.min_rows, doubled=False,
                              bias=p.bias)
-            for p in parts]
+            for p in _pieces(product)]
 
 
 class NativeLayers:
@@ -90,7 +94,6 @@ def native_layers(net) -> NativeLayers | None:
     products = _products(net)
     if not attention_loops(net) or not any(isinstance(p, Int4Linear) for p in products):
         return None
-    parts = [q for p in products for q in (p.parts if isinstance(p, RowParts) else [p])]
-    if any(isinstance(p, DenseLinear) and p.inner_product for p in parts):
+    if any(isinstance(q, DenseLinear) and q.inner_product for p in products for q in _pieces(p)):
         return None
     return NativeLayers(extension(), net)
