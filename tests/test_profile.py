@@ -110,6 +110,7 @@ def test_a_failed_build_falls_back_with_a_warning_naming_the_compiler(monkeypatc
                         lambda: ("avx512_bf16", compiled.VNNI_FLAGS + compiled.BF16_FLAGS))
     monkeypatch.setattr(cpp_extension, "load", fail)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.delenv("LONGSPEC_NATIVE", raising=False)
     with pytest.warns(UserWarning, match=r"-mavx512bf16.*g\+\+ 10 or later"):
         assert compiled.extension.__wrapped__() is None
 
