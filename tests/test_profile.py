@@ -2,6 +2,8 @@
 tokens run alone), shown by `longspec info` and kept with every run's stats."""
 
 import json
+import os
+import time
 import warnings
 
 import pytest
@@ -113,6 +115,22 @@ def test_a_failed_build_falls_back_with_a_warning_naming_the_compiler(monkeypatc
     monkeypatch.delenv("LONGSPEC_NATIVE", raising=False)
     with pytest.warns(UserWarning, match=r"-mavx512bf16.*g\+\+ 10 or later"):
         assert compiled.extension.__wrapped__() is None
+
+
+@pytest.mark.unit
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_recent_one_waited_for(tmp_path, capsys):
+    from longspec.models import compiled
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    compiled._clear_stale_lock(lock)
+    assert lock.exists() and "waiting for another process" in capsys.readouterr().err
+    old = time.time() - compiled.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    compiled._clear_stale_lock(lock)
+    assert not lock.exists() and "interrupted build" in capsys.readouterr().err
+    compiled._clear_stale_lock(lock)
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.unit

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +34,10 @@ VNNI_FLAGS = ["-mavx512vnni"]
 # ... and those with bfloat16 dot products (AVX512_BF16: AMX CPUs, Zen 4 and later) score keys
 # with them: other sums than fused multiply-adds, so a profile of their own
 BF16_FLAGS = ["-mavx512bf16"]
+
+# A build takes a minute or two; its lock file, older than this, was left by a build that was
+# killed (PyTorch would wait for it to go forever).
+STALE_LOCK_S = 600
 
 
 def onednn_max_isa() -> str:
@@ -87,6 +92,7 @@ def extension() -> ModuleType | None:
     name = f"longspec_native_{suffix}"
     # where `load` keeps the build (the one place that knows its layout, though private)
     build = Path(cpp_extension._get_build_directory(name, verbose=False))
+    _clear_stale_lock(build / "lock")
     if not (build / f"{name}.so").exists():
         print("longspec: compiling the kernels for quantized models (once, ~40 s)",
               file=sys.stderr, flush=True)
@@ -104,6 +110,22 @@ def extension() -> ModuleType | None:
                       f"({compiler}) to enable them, or set LONGSPEC_NATIVE=0 to skip this "
                       "attempt.", stacklevel=2)
         return None
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """Removes a build's lock file that outlived any build; says why the load waits on a
+    recent one."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        print(f"longspec: removing {lock}, left by an interrupted build", file=sys.stderr,
+              flush=True)
+        lock.unlink(missing_ok=True)
+    else:
+        print(f"longspec: waiting for another process's build of the kernels ({lock}; if no "
+              "build runs, delete that file)", file=sys.stderr, flush=True)
 
 
 @functools.cache
