@@ -106,7 +106,7 @@ def extension() -> ModuleType | None:
                     if BF16_FLAGS[0] in flags else "g++")
         warnings.warn(f"longspec's compiled kernels could not be built ({e}); quantized models "
                       "run in Python (slower on a CPU, and another kernel profile: tokens may "
-                      f"differ from runs with the compiled layers). Install a C++ compiler "
+                      "differ from runs with the compiled layers). Install a C++ compiler "
                       f"({compiler}) to enable them, or set LONGSPEC_NATIVE=0 to skip this "
                       "attempt.", stacklevel=2)
         return None
