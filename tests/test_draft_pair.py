@@ -1,12 +1,17 @@
 """A target and a draft model as GGUF files of the Qwen2 family (the 1.5B and 0.5B pair in
-small): sharing a tokenizer, `draft` and `triforce` write exactly what plain decoding writes;
-a draft with another vocabulary, or another tokenizer of the same size, is refused."""
+small): sharing a tokenizer, `draft` and `triforce` write exactly what plain decoding writes,
+the draft over its whole vocabulary or part of it; a draft with another vocabulary, or another
+tokenizer of the same size, is refused."""
 
 import pytest
+import torch
 from gguf_writer import write_gguf
 from helpers import assert_matches_ar, make_checkpoint
 
 import longspec
+from longspec.cache import StaticCache
+from longspec.drafters.chain import ChainModel
+from longspec.models.linear import HeadPart, Int4Linear
 
 # as Qwen2.5-Coder's files: the target in Q4_K with Q6_K beside it, the draft mostly Q5_0
 TARGET_MIX = {"default": "Q4_K", "ffn_down": "Q6_K", "attn_v": "Q6_K", "output": "Q6_K"}
@@ -33,12 +38,43 @@ def pair(tmp_path_factory):
 @pytest.mark.parametrize("sampling", [longspec.SamplingConfig(temperature=0),
                                       longspec.SamplingConfig(temperature=0.8, top_p=0.9)],
                          ids=["greedy", "sampled"])
-def test_a_draft_model_of_the_same_family_writes_what_ar_writes(pair, method, sampling):
+@pytest.mark.parametrize("draft_vocab", [0, 160], ids=["whole_vocab", "first_160"])
+def test_a_draft_model_of_the_same_family_writes_what_ar_writes(pair, method, sampling,
+                                                                draft_vocab):
     target, draft = pair
     assert target.weight_format == draft.weight_format == "int4"
     res = assert_matches_ar(target, [5, 6, 7, 8, 9, 10], method, 40, sampling=sampling, seed=3,
-                            draft_model=draft)
+                            draft_model=draft, options={"draft_vocab": draft_vocab})
     assert res.stats["method"] == method
+
+
+def test_a_head_over_part_of_the_vocabulary_gives_its_logits_bitwise_and_no_others():
+    head = Int4Linear(torch.randint(0, 16, (320, 64)), torch.rand(320, 2) / 8,
+                      -torch.rand(320, 2), doubled=False, bias=torch.randn(320))
+    assert head.int4_mm
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    whole = head(x)
+    part = HeadPart.over(head, 170)              # the first 160, then blocks as they come
+    for tokens, shown in [([], range(160)), ([300, 5, 301], [*range(160), *range(288, 304)]),
+                          ([170], [*range(176), *range(288, 304)])]:
+        part.add(tokens)
+        out = part(x)
+        shown = torch.tensor(shown)
+        hidden = torch.ones(320, dtype=torch.bool).index_fill_(0, shown, False)
+        assert torch.equal(out[:, shown], whole[:, shown])
+        assert torch.isneginf(out[:, hidden]).all()
+
+
+def test_a_draft_over_part_of_its_vocabulary_drafts_from_the_sequences_blocks_too(pair):
+    _, draft = pair
+    chains = [ChainModel(draft.net, StaticCache(draft.config, 64, draft.dtype, draft.device),
+                         vocab=vocab) for vocab in (0, 170)]
+    whole, part = (chain.feed([5, 300, 7, 8], last_logits=2) for chain in chains)
+    assert whole.shape == part.shape == (2, 320)
+    shown = [*range(160), *range(288, 304)]
+    assert torch.equal(part[:, shown], whole[:, shown])
+    assert torch.isneginf(part).sum() == 2 * (320 - len(shown))
+    assert not torch.isneginf(whole).any()
 
 
 def test_a_draft_with_another_vocabulary_is_refused(pair, tmp_path):

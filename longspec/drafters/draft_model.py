@@ -25,9 +25,12 @@ from ..sizing import Calibration, StepCost, calibration, step_cost
 from ..tree import DraftTree, TreeShape
 from .base import Budget, Drafter
 from .chain import ChainModel
-from .registry import MethodSpec
+from .registry import MethodSpec, Option
 
 STEP_SMOOTHING = 0.1    # weight of the latest draft step's time in the running estimate
+# the draft model drafts over its first this many tokens (chain.py; 0: its whole vocabulary)
+DRAFT_VOCAB = 32768
+VOCAB_OPTION = {"draft_vocab": Option(DRAFT_VOCAB, minimum=0)}
 
 
 def check_draft_model(target, draft) -> None:
@@ -60,7 +63,8 @@ def chance(row: torch.Tensor, token: int) -> float:
 
 
 class DraftModelDrafter(Drafter):
-    def __init__(self, target, draft, sampler, capacity: int, context: int):
+    def __init__(self, target, draft, sampler, capacity: int, context: int,
+                 vocab: int = DRAFT_VOCAB):
         check_draft_model(target, draft)
         check_draft_context(draft, context, "max_new_tokens or the prompt length")
         self.target = target
@@ -69,7 +73,7 @@ class DraftModelDrafter(Drafter):
         ensure_fits(capacity * draft.config.kv_bytes_per_token(draft.dtype.itemsize), draft.device,
                     "the draft model's KV cache", "lower max_new_tokens")
         cache = StaticCache(draft.config, capacity, draft.dtype, draft.device)
-        self.chain = ChainModel(draft.net, cache)
+        self.chain = ChainModel(draft.net, cache, vocab=vocab)
         self.draft_step: float | None = None     # seconds of a draft step, smoothed
         self._start = 0
         self._drafted = 0
@@ -127,5 +131,6 @@ class DraftModelDrafter(Drafter):
 
 SPEC = MethodSpec(
     name="draft", summary="a small model with the same tokenizer (classic speculative decoding)",
-    budget=Budget(9, 8), needs_draft_model=True, samples_drafts=True,
-    build=lambda s: DraftModelDrafter(s.model, s.draft_model, s.sampler, s.capacity, s.context))
+    budget=Budget(9, 8), needs_draft_model=True, samples_drafts=True, options=VOCAB_OPTION,
+    build=lambda s: DraftModelDrafter(s.model, s.draft_model, s.sampler, s.capacity, s.context,
+                                      s.options["draft_vocab"]))

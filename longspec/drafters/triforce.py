@@ -18,7 +18,7 @@ from ..tree import DraftTree
 from ..verify import speculative_sample, verify_tree
 from .base import Budget, Drafter
 from .chain import ChainModel
-from .draft_model import check_draft_context, check_draft_model
+from .draft_model import DRAFT_VOCAB, VOCAB_OPTION, check_draft_context, check_draft_model
 from .registry import MethodSpec, Option
 from .retrieval_level import LEVEL_OPTIONS, RetrievalLevel
 
@@ -28,7 +28,8 @@ STREAMING_WINDOW = 512
 
 class TriForceDrafter(Drafter):
     def __init__(self, target, draft, sampler, budget: int, rebuild_every: int,
-                 max_depth: int, gamma1: int = GAMMA1, window: int = STREAMING_WINDOW):
+                 max_depth: int, gamma1: int = GAMMA1, window: int = STREAMING_WINDOW,
+                 vocab: int = DRAFT_VOCAB):
         check_draft_model(target, draft)
         self.sampler = sampler
         self.device = target.device
@@ -39,7 +40,7 @@ class TriForceDrafter(Drafter):
         tiny_cache = StreamingCache(draft.config, window, window + slack, draft.dtype,
                                     draft.device, draft.net.rotate_keys)
         check_draft_context(draft, tiny_cache.capacity, "streaming_window")
-        self.tiny = ChainModel(draft.net, tiny_cache, slot_positions=True)
+        self.tiny = ChainModel(draft.net, tiny_cache, slot_positions=True, vocab=vocab)
         self.middle_drafted = 0
         self.middle_accepted = 0
 
@@ -114,9 +115,9 @@ SPEC = MethodSpec(
     "retrieval cache -> full target",
     budget=Budget(13, 12), needs_draft_model=True, samples_drafts=True,
     options={**LEVEL_OPTIONS, "gamma1": Option(GAMMA1),
-             "streaming_window": Option(STREAMING_WINDOW)},
+             "streaming_window": Option(STREAMING_WINDOW), **VOCAB_OPTION},
     stats=("middle_acceptance_rate", "retrieval_rebuilds"),
     build=lambda s: TriForceDrafter(s.model, s.draft_model, s.sampler,
                                     s.options["retrieval_budget"], s.options["rebuild_every"],
                                     s.budget.max_depth, s.options["gamma1"],
-                                    s.options["streaming_window"]))
+                                    s.options["streaming_window"], s.options["draft_vocab"]))

@@ -29,6 +29,8 @@ model's down projection). Every product runs as 64-row parts, fewer rows padded 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -285,3 +287,71 @@ class RowParts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], -1)
+
+
+
+
+class HeadPart:
+    """An LM head's logits over part of the vocabulary, the others -inf: its first `first`
+    tokens, and from `add` on every block of 16 tokens (a tile of int4_mm's layout) holding a
+    token it was given, the blocks' weights copied from the head's as they come (a draft
+    model's head over a draft vocabulary: chain.py). `over` gives None where the head's layout
+    keeps no such blocks."""
+
+    BLOCK = 16
+    ROOM = 256      # blocks the store has room for past those it holds, at least
+
+    @classmethod
+    def over(cls, head: nn.Module, first: int) -> HeadPart | None:
+        if not (isinstance(head, Int4Linear) and head.int4_mm):
+            return None
+        return cls(head, first)
+
+    def __init__(self, head: Int4Linear, first: int):
+        self.head = head
+        self.vocab = head.out_features
+        blocks = self.vocab // self.BLOCK
+        # the head's tensors with a row per output, a block's rows as one row
+        tensors = {**head._buffers, **head._parameters}
+        self.sources = {name: t.view(blocks, -1) for name, t in tensors.items() if t is not None}
+        self.store = {name: t.new_empty(0, t.shape[1]) for name, t in self.sources.items()}
+        self.blocks: list[int] = []
+        self.known: set[int] = set()
+        self.part = copy.copy(head)     # the head's product over the stored blocks
+        self._add(list(range(first // self.BLOCK)))
+
+    def add(self, tokens) -> None:
+        """Give the blocks of `tokens` their logits from now on."""
+        self._add(sorted({t // self.BLOCK for t in tokens} - self.known))
+
+    def _add(self, blocks: list[int]) -> None:
+        if not blocks:
+            return
+        count = len(self.blocks) + len(blocks)
+        device = self.head.packed.device
+        index = torch.tensor(blocks, device=device)
+        for name, source in self.sources.items():
+            store = self.store[name]
+            if store.shape[0] < count:     # with room for a quarter more (some 256 blocks)
+                room = count + max(self.ROOM, count // 4)
+                grown = store.new_empty(min(room, source.shape[0]), store.shape[1])
+                grown[:len(self.blocks)] = store[:len(self.blocks)]
+                store = self.store[name] = grown
+            store[len(self.blocks):count] = source[index]
+        self.blocks += blocks
+        self.known.update(blocks)
+        n = count * self.BLOCK
+        self.part._buffers = {name: self.store[name][:count].view(n, *b.shape[1:])
+                              for name, b in self.head._buffers.items()}
+        self.part._parameters = {
+            name: None if p is None else
+            nn.Parameter(self.store[name][:count].view(n), requires_grad=False)
+            for name, p in self.head._parameters.items()}
+        self.part.out_features = n
+        first = torch.tensor(self.blocks, device=device) * self.BLOCK
+        self.ids = (first[:, None] + torch.arange(self.BLOCK, device=device)).view(-1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        part = self.part(x)
+        return part.new_full((x.shape[0], self.vocab), float("-inf")).index_copy_(1, self.ids,
+                                                                                    part)

@@ -9,7 +9,7 @@ import torch
 
 from ..cache.base import causal_mask
 from ..cache.full import StaticCache
-from .transformer import ForwardOutput, Transformer
+from .transformer import ForwardOutput, Head, Transformer
 
 # Largest attention score buffer a prefill chunk may build, in bytes, and most tokens a chunk.
 PREFILL_SCORE_BYTES = 256 * 2**20
@@ -25,12 +25,14 @@ def chunk_size(net: Transformer, n_keys: int) -> int:
 def prefill(net: Transformer, tokens: list[int] | torch.Tensor, cache: StaticCache,
             first_position: int,
             *, last_logits: int = 0, need_logits: bool = False, return_hidden: bool = False,
+            head: Head | None = None,
             on_chunk: Callable[[torch.Tensor, ForwardOutput], None] | None = None
             ) -> torch.Tensor | None:
     """Run `tokens` [n] at positions first_position.. into `cache` and commit them, in causal
     chunks whose attention scores stay under PREFILL_SCORE_BYTES.
 
-    Returns the logits [last_logits, vocab] after the last tokens (None when last_logits is 0).
+    Returns the logits [last_logits, vocab] after the last tokens (None when last_logits is 0),
+    by `head` when given (Transformer.hidden_to_logits).
     `on_chunk(chunk tokens, output)` sees every chunk's output, with logits for each of its
     tokens when `need_logits` and hidden states when `return_hidden`.
     """
@@ -46,7 +48,8 @@ def prefill(net: Transformer, tokens: list[int] | torch.Tensor, cache: StaticCac
         index = slice(-last_logits, None) if last and not need_logits else None
         out = net(ids[done:done + q], positions, cache,
                   causal_mask(q, net.dtype, net.device) if q > 1 else None,
-                  logits_index=index, need_logits=need_logits or last, return_hidden=return_hidden)
+                  logits_index=index, need_logits=need_logits or last, return_hidden=return_hidden,
+                  head=head)
         if on_chunk is not None:
             on_chunk(ids[done:done + q], out)
         if last:

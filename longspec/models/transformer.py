@@ -9,6 +9,7 @@ group of query heads directly, never replicating keys.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,9 @@ from .config import ModelConfig
 from .linear import DenseLinear, Int4Linear
 from .native import attention_loops, native_layers
 from .rope import apply_rope, dynamic_frequencies, rope_cos_sin, rope_frequencies
+
+# an LM head: normed hidden states [n, hidden] -> logits [n, vocab]
+Head = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -136,21 +140,22 @@ class Transformer(nn.Module):
                                 keys.dtype)
         return apply_rope(keys, cos, sin)
 
-    def hidden_to_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head: [n, hidden] -> [n, vocab]."""
+    def hidden_to_logits(self, hidden: torch.Tensor, head: Head | None = None) -> torch.Tensor:
+        """Final norm and LM head (or `head`: one over part of the vocabulary):
+        [n, hidden] -> [n, vocab]."""
         h = F.rms_norm(hidden, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
-        return self.lm_head(h)
+        return (self.lm_head if head is None else head)(h)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 mask: torch.Tensor | None = None, logits_index: torch.Tensor | slice | None = None,
                 return_hidden: bool = False, need_logits: bool = True,
-                return_queries: bool = False) -> ForwardOutput:
+                return_queries: bool = False, head: Head | None = None) -> ForwardOutput:
         """Run q new tokens [q] at `positions` [q] against `cache`.
 
         `mask` is the additive [q, q] mask of the block (causal, or a draft tree's ancestors);
         None lets every new token see the whole block. `logits_index` selects the positions
-        whose logits are computed (default: all).
+        whose logits are computed (default: all), by `head` when given (hidden_to_logits).
         """
         cos, sin = self.rotary(positions)
         plan = dataclasses.replace(cache.plan(tokens.shape[0], mask), block_order=block_order(mask))
@@ -166,5 +171,5 @@ class Transformer(nn.Module):
         logits = None
         if need_logits:
             selected = x if logits_index is None else x[logits_index]
-            logits = self.hidden_to_logits(selected)
+            logits = self.hidden_to_logits(selected, head)
         return ForwardOutput(logits, x if return_hidden else None, queries)
