@@ -31,8 +31,11 @@ BF16_NEW_TOKENS = 512
 # scored trees at a fixed size, so that drafts are verified whatever the measured costs say
 # ("auto" keeps adaptive sizing: it is the default and must be exact as it is)
 FIXED = {"sizing": "fixed"}
+# the draft model's head over half the vocabulary and the text's blocks (with int4 weights)
 OPTIONS = {"selfspec": {"retrieval_budget": 128, "rebuild_every": 64},
-           "triforce": {"retrieval_budget": 128, "rebuild_every": 64, "streaming_window": 64},
+           "draft": {"draft_vocab": 4096},
+           "triforce": {"retrieval_budget": 128, "rebuild_every": 64, "streaming_window": 64,
+                        "draft_vocab": 4096},
            "tokenswift": {"partial_budget": 96, **FIXED}, "suffix": FIXED, "ngram": FIXED,
            "recycling": FIXED, "heads": FIXED, "eagle": FIXED, "auto[fixed]": FIXED,
            "auto[eagle]": FIXED}
