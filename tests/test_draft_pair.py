@@ -11,6 +11,7 @@ from helpers import assert_matches_ar, make_checkpoint
 import longspec
 from longspec.cache import StaticCache
 from longspec.drafters.chain import ChainModel
+from longspec.models.compiled import int4_mm
 from longspec.models.linear import HeadPart, Int4Linear
 
 # as Qwen2.5-Coder's files: the target in Q4_K with Q6_K beside it, the draft mostly Q5_0
@@ -48,6 +49,7 @@ def test_a_draft_model_of_the_same_family_writes_what_ar_writes(pair, method, sa
     assert res.stats["method"] == method
 
 
+@pytest.mark.skipif(not int4_mm(), reason="a draft vocabulary takes longspec::int4_mm's tiles")
 def test_a_head_over_part_of_the_vocabulary_gives_its_logits_bitwise_and_no_others():
     head = Int4Linear(torch.randint(0, 16, (320, 64)), torch.rand(320, 2) / 8,
                       -torch.rand(320, 2), doubled=False, bias=torch.randn(320))
@@ -71,6 +73,9 @@ def test_a_draft_over_part_of_its_vocabulary_drafts_from_the_sequences_blocks_to
                          vocab=vocab) for vocab in (0, 170)]
     whole, part = (chain.feed([5, 300, 7, 8], last_logits=2) for chain in chains)
     assert whole.shape == part.shape == (2, 320)
+    if not int4_mm():       # ATen's int4 layout keeps no tiles: the whole vocabulary
+        assert chains[1].head is None and torch.equal(part, whole)
+        return
     shown = [*range(160), *range(288, 304)]
     assert torch.equal(part[:, shown], whole[:, shown])
     assert torch.isneginf(part).sum() == 2 * (320 - len(shown))
