@@ -289,8 +289,6 @@ class RowParts(nn.Module):
         return torch.cat([p(x) for p in self.parts], -1)
 
 
-
-
 class HeadPart:
     """An LM head's logits over part of the vocabulary, the others -inf: its first `first`
     tokens, and from `add` on every block of 16 tokens (a tile of int4_mm's layout) holding a
