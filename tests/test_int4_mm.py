@@ -23,8 +23,8 @@ pytestmark = [
 
 def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, seed: int = 0):
     """(codes, scale_min, W [out, k] float64) of a random matrix of 4-bit codes (two halves of
-    them when `doubled`) or signed 8-bit ones; `bits` 6: Q6_K's form, signed codes with a scale
-    per 16 and no mins."""
+    them when `doubled`), 5-bit ones or signed 8-bit ones; `bits` 6: Q6_K's form, signed codes
+    with a scale per 16 and no mins."""
     g = torch.Generator().manual_seed(seed)
     if bits == 6:
         codes = torch.randint(-32, 32, (out, k), generator=g)
@@ -36,7 +36,7 @@ def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, 
         return packed, scale, (codes.double().view(out, -1, 16)
                                * scales.double()[..., None]).view(out, k)
     width = 2 * k if doubled else k
-    codes = (torch.randint(0, 16, (out, width), generator=g) if bits == 4
+    codes = (torch.randint(0, 2 ** bits, (out, width), generator=g) if bits in (4, 5)
              else torch.randint(-128, 128, (out, width), generator=g))
     scales = torch.rand(out, width // 32, generator=g) * 0.02
     mins = -torch.rand(out, width // 32, generator=g) * 0.1
@@ -54,7 +54,8 @@ def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, 
 # (out, k, doubled, float16 scales, bits)
 CASES = [(96, 128, False, True, 4), (64, 192, True, True, 4), (160, 64, False, False, 4),
          (32, 96, True, False, 4), (48, 128, False, True, 8), (64, 192, False, False, 8),
-         (64, 256, False, True, 6), (48, 96, False, False, 6)]
+         (64, 256, False, True, 6), (48, 96, False, False, 6), (64, 192, False, True, 5),
+         (48, 96, False, False, 5)]
 
 
 @pytest.mark.parametrize("out,k,doubled,half_scales,bits", CASES)
@@ -129,7 +130,9 @@ GOLDEN = {(4, True, False, torch.float32): "b779cd4908932994",
           (8, True, False, torch.float32): "fed3506d3f46913d",
           (8, False, False, torch.bfloat16): "66283bfd61bd0d9a",
           (6, True, False, torch.float32): "05b9c9a223e9eba7",
-          (6, False, False, torch.bfloat16): "377866347207424c"}
+          (6, False, False, torch.bfloat16): "377866347207424c",
+          (5, True, False, torch.float32): "06c40ea3d55bbb35",
+          (5, False, False, torch.bfloat16): "cb3bfb5f77b119e4"}
 
 
 @pytest.mark.parametrize("bits,half_scales,doubled,dtype", list(GOLDEN))
@@ -139,7 +142,8 @@ def test_the_bits_are_the_same_on_every_cpu(bits, half_scales, doubled, dtype):
     out, k = 32, 96
     width = 2 * k if doubled else k
     i = torch.arange(out * width).view(out, width)
-    codes = (i * 7 + i // width * 3) % 16 if bits == 4 else (i * 37 + i // width * 11) % 256 - 128
+    codes = ((i * 7 + i // width * 3) % 2 ** bits if bits in (4, 5)
+             else (i * 37 + i // width * 11) % 256 - 128)
     g = torch.arange(out * width // (16 if bits == 6 else 32)).view(out, -1)
     scales = ((g * 13) % 29 + 1).float() / (1024 if half_scales else 1000)
     mins = -((g * 5) % 17).float() / (256 if half_scales else 300)

@@ -148,11 +148,16 @@ def test_k_quants_as_the_file_keeps_them_give_the_same_bits_in_fewer_bytes(qtype
 
 @pytest.mark.unit
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_K"])
-def test_two_halves_join_into_8_bit_codes_of_the_same_values(qtype):
+def test_two_halves_join_into_codes_of_the_same_values_5_bits_for_q5(qtype):
     codes, scales, mins, doubled = (torch.from_numpy(a) if isinstance(a, np.ndarray) else a
                                     for a in kernel_operands(gguf_matrix(qtype)))
     q, scale, low = joined_halves(codes, scales, mins)
     assert doubled and q.min() >= -128 and q.max() <= 127
+    five = qtype != "Q8_0"
+    assert (q.min() >= 0 and q.max() <= 31) == five
+    if int4_mm():       # the layer reads 5 bits a weight (8 for Q8_0) in int4_mm's layout
+        layer = Int4Linear(codes, scales, mins, doubled)
+        assert layer.packed.shape == (N, K * (5 if five else 8) // 8)
 
     def weights(c, s, m):
         return (c.double() * s.double().repeat_interleave(32, 1)

@@ -17,9 +17,10 @@
 // is bitwise the same whatever m is and whatever the other rows hold: the row-invariance
 // exactness rests on (linear.py). AVX2 and AVX-512 builds compute every lane alike: same bits.
 //
-// Operands (linear.py's pack_int4_mm and pack_int4_mm_16): codes uint8 [n, k' / 2] (4-bit) or
-// int8 [n, k'] (signed 8-bit: formats of two 4-bit halves, joined: Q8_0, Q5_0, Q5_K; or Q6_K's),
-// and scale_min [n, k' / 32, 2] (scales and mins per 32) or [n, k / 16] (8-bit codes: scales per
+// Operands (linear.py's pack_int4_mm and pack_int4_mm_16): codes uint8 [n, k' / 2] (4-bit),
+// uint8 [n, 5k / 8] (5-bit: the 4-bit layout's nibbles, then per tile and group a block of 64
+// bytes of the high bits, lane j's at bit j: Q5_0 and Q5_K, their two 4-bit halves joined) or
+// int8 [n, k'] (signed 8-bit: Q8_0's two 4-bit halves joined; or Q6_K's), and scale_min [n, k' / 32, 2] (scales and mins per 32) or [n, k / 16] (8-bit codes: scales per
 // 16, no mins), float16 or float32, all in the tile order below; n a multiple of 16. Or, for
 // K-quants (Q4_K), scale_min uint8 [n, k / 256, 20]: per tile and superblock of 256, its 16
 // outputs' float16 d and -dmin, then per group 16 six-bit scale codes and 16 min codes; a
@@ -222,8 +223,8 @@ inline void store(float* p, Floats v) { _mm256_storeu_ps(p, v); }
 #endif
 
 // A group's 8 lanes of codes (k 4j..4j+3 for lane j) as group_dot takes them: 4-bit ones as
-// they are, 6-bit ones (nibbles, then the high bits' blocks) shifted by 32, 8-bit ones as
-// wide_codes gives them.
+// they are, 5-bit ones (nibbles, then the high bits' block) too, 6-bit ones (nibbles, then the
+// high bits' blocks) shifted by 32, 8-bit ones as wide_codes gives them.
 template <int BITS>
 inline void unpack(const uint8_t* p, Ints* u) {
   if constexpr (BITS == 8) {
@@ -234,6 +235,17 @@ inline void unpack(const uint8_t* p, Ints* u) {
       const Ints b = load_ints(p + j * 64);
       u[j] = both(b, low);
       u[j + 4] = both(right<4>(b), low);
+    }
+    if constexpr (BITS == 5) {        // lane j's high bit at bit j of one block
+      const Ints b = load_ints(p + 256), bit = bytes(0x10);
+      u[0] = either(u[0], both(left<4>(b), bit));
+      u[1] = either(u[1], both(left<3>(b), bit));
+      u[2] = either(u[2], both(left<2>(b), bit));
+      u[3] = either(u[3], both(left<1>(b), bit));
+      u[4] = either(u[4], both(b, bit));
+      u[5] = either(u[5], both(right<1>(b), bit));
+      u[6] = either(u[6], both(right<2>(b), bit));
+      u[7] = either(u[7], both(right<3>(b), bit));
     }
     if constexpr (BITS == 6) {
       for (int h = 0; h < 2; ++h) {   // lane 4h + m's high bits at bits 2m, 2m + 1
@@ -331,7 +343,7 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
 }
 
 // The operand formats (the header says each one's layout).
-enum class Format { Pairs4, Pairs8, Sixteen8, K4, K6 };
+enum class Format { Pairs4, Pairs5, Pairs8, Sixteen8, K4, K6 };
 
 template <typename X>
 void product_to(const Tensor& x, Format format, const Tensor& codes, const Tensor& scale_min,
@@ -344,6 +356,10 @@ void product_to(const Tensor& x, Format format, const Tensor& codes, const Tenso
     case Format::Pairs4:
       half ? product<4, false, at::Half>(q, rows, codes, scale_min, out)
            : product<4, false, float>(q, rows, codes, scale_min, out);
+      break;
+    case Format::Pairs5:
+      half ? product<5, false, at::Half>(q, rows, codes, scale_min, out)
+           : product<5, false, float>(q, rows, codes, scale_min, out);
       break;
     case Format::Pairs8:
       half ? product<8, false, at::Half>(q, rows, codes, scale_min, out)
@@ -375,6 +391,8 @@ Tensor int4_mm(const Tensor& x_, const Tensor& codes, const Tensor& scale_min) {
   std::optional<Format> format;
   if (c == at::kByte && floats && (2 * width == k || width == k) && shaped({n, width / 16, 2}))
     format = Format::Pairs4;
+  else if (c == at::kByte && floats && 8 * width == 5 * k && shaped({n, k / 32, 2}))
+    format = Format::Pairs5;
   else if (c == at::kChar && floats && width == k && shaped({n, k / 32, 2}))
     format = Format::Pairs8;
   else if (c == at::kChar && floats && width == k && shaped({n, k / 16}))
@@ -386,7 +404,8 @@ Tensor int4_mm(const Tensor& x_, const Tensor& codes, const Tensor& scale_min) {
            shaped({n, k / 256, 18}))
     format = Format::K6;
   TORCH_CHECK(format, "int4_mm: codes and scales of no format it takes: uint8 [n, k' / 2] "
-              "(4-bit, k' k or 2k) with float16 or float32 scales and mins [n, k' / 32, 2]; "
+              "(4-bit, k' k or 2k) or [n, 5k / 8] (5-bit) with float16 or float32 scales and "
+              "mins [n, k' / 32, 2]; "
               "int8 [n, k] with those [n, k / 32, 2] or scales [n, k / 16]; uint8 [n, k / 2] "
               "with uint8 [n, k / 256, 20] (Q4_K); uint8 [n, 3k / 4] with int8 [n, k / 256, "
               "18] (Q6_K)");

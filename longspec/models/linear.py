@@ -102,7 +102,8 @@ def joined_halves(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
     """A matrix of two 4-bit halves (Q8_0, Q5_0, Q5_K) as one of 8-bit codes,
     q = 16 high + low - 128 with the low half's scale, where one half's scales are 16 times the
     other's (that half the high one) and the mins then add up exactly (every weight the same
-    value); else None."""
+    value); else None. Q5_0's and Q5_K's high halves hold 8 + their fifth bit, so their q are
+    their 5-bit codes, 0..31."""
     k, g = codes.shape[1] // 2, scales.shape[1] // 2
     halves = [(codes[:, :k], scales[:, :g].float(), mins[:, :g].double()),
               (codes[:, k:], scales[:, g:].float(), mins[:, g:].double())]
@@ -122,7 +123,9 @@ def pack_int4_mm(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, 
     """Operands of longspec::int4_mm (int4_mm.cpp), in tiles of 16 outputs (`out` a multiple of
     16), per tile and group of 32 the codes of lane j = 0..7 (k = 4j..4j+3) as 64 bytes, output
     c's four at bytes 4c..4c+3: 4-bit codes [out, K'] -> uint8 [out, K' / 2] (lanes j and j + 4
-    in one byte's low and high nibbles), signed 8-bit ones -> int8 [out, K']; scales and mins ->
+    in one byte's low and high nibbles), 5-bit ones -> uint8 [out, 5K' / 8] (their low 4 bits so,
+    then a block of 64 bytes of their high bits, lane j's at bit j), signed 8-bit ones -> int8
+    [out, K']; scales and mins ->
     [out, K' / 32, 2], per tile and group the 16 scales then the 16 mins, in float16 where every
     one of them is a float16 value, else float32."""
     return _tile_codes(codes, bits), _tile_pairs(scales, mins)
@@ -188,8 +191,13 @@ def _tile_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     lanes = codes.view(tiles, 16, groups, 8, 4).permute(0, 2, 3, 1, 4)
     if bits == 8:
         return lanes.to(torch.int8).reshape(out, k).contiguous()
-    nibbles = lanes.to(torch.uint8)
-    return (nibbles[:, :, :4] | (nibbles[:, :, 4:] << 4)).reshape(out, k // 2).contiguous()
+    nibbles = (lanes & 15).to(torch.uint8)
+    nibbles = (nibbles[:, :, :4] | (nibbles[:, :, 4:] << 4)).reshape(tiles, groups, 256)
+    if bits == 5:      # then a block of the high bits, lane j's at bit j
+        shift = torch.arange(8).view(1, 1, 8, 1, 1)
+        high = ((lanes.to(torch.int32) >> 4) << shift).sum(2).to(torch.uint8)
+        nibbles = torch.cat([nibbles, high.view(tiles, groups, 64)], -1)
+    return nibbles.reshape(out, k * bits // 8).contiguous()
 
 
 def _tile_pairs(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -212,10 +220,11 @@ class Int4Linear(nn.Module):
 
     On a CPU with AVX2 (AVX-512 and AMX included) it is longspec::int4_mm: the activations
     quantized to int8 per 32 as llama.cpp does, integer dot products per group on tiles of 16
-    outputs, scales and mins exact, two halves joined into 8-bit codes where they can be (3-4x
-    ATen's speed for one row, 2-3x for 16; BENCHMARKS.md), for matrices of a multiple of 16
-    outputs. Without the compiled kernels it is ATen's int4 kernel, W = (q - 8) * scale + zero
-    with the scale and zero in bfloat16. Both are row-invariant."""
+    outputs, scales and mins exact, two halves joined into 5-bit codes (Q5_0, Q5_K) or 8-bit
+    ones (Q8_0) where they can be (3-4x ATen's speed for one row, 2-3x for 16; BENCHMARKS.md),
+    for matrices of a multiple of 16 outputs. Without the compiled kernels it is ATen's int4
+    kernel, W = (q - 8) * scale + zero with the scale and zero in bfloat16. Both are
+    row-invariant."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  doubled: bool, bias: torch.Tensor | None = None, group: int = 32,
@@ -237,9 +246,10 @@ class Int4Linear(nn.Module):
                 raise ValueError("scales per 16 without mins need longspec::int4_mm")
             packed, scale_zero = (pack_int4_mm_6(codes, *factors) if factors is not None
                                   else pack_int4_mm_16(codes, scales))
-        elif joined is not None:      # one 8-bit group where there were two 4-bit ones
+        elif joined is not None:      # one 5- or 8-bit group where there were two 4-bit ones
             self.doubled = False
-            packed, scale_zero = pack_int4_mm(*joined, bits=8)
+            five = 0 <= int(joined[0].min()) and int(joined[0].max()) < 32
+            packed, scale_zero = pack_int4_mm(*joined, bits=5 if five else 8)
         elif self.int4_mm and factors is not None and not doubled:
             packed, scale_zero = pack_int4_mm_k(codes, *factors)
         elif self.int4_mm:
