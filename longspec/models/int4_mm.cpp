@@ -20,8 +20,9 @@
 // Operands (linear.py's pack_int4_mm and pack_int4_mm_16): codes uint8 [n, k' / 2] (4-bit),
 // uint8 [n, 5k / 8] (5-bit: the 4-bit layout's nibbles, then per tile and group a block of 64
 // bytes of the high bits, lane j's at bit j: Q5_0 and Q5_K, their two 4-bit halves joined) or
-// int8 [n, k'] (signed 8-bit: Q8_0's two 4-bit halves joined; or Q6_K's), and scale_min [n, k' / 32, 2] (scales and mins per 32) or [n, k / 16] (8-bit codes: scales per
-// 16, no mins), float16 or float32, all in the tile order below; n a multiple of 16. Or, for
+// int8 [n, k'] (signed 8-bit: Q8_0's two 4-bit halves joined; or Q6_K's), and scale_min
+// [n, k' / 32, 2] (scales and mins per 32) or [n, k / 16] (8-bit codes: scales per 16, no
+// mins), float16 or float32, all in the tile order below; n a multiple of 16. Or, for
 // K-quants (Q4_K), scale_min uint8 [n, k / 256, 20]: per tile and superblock of 256, its 16
 // outputs' float16 d and -dmin, then per group 16 six-bit scale codes and 16 min codes; a
 // group's scale is d * code and its min -dmin * code, exact in float32 (the values the float32
