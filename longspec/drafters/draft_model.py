@@ -9,9 +9,9 @@ its expected worth (the chance of the path so far times the draft's chance of it
 token, in target steps saved) exceeds what it costs (a draft step, as timed, plus what one
 more node adds to the target's step: sizing.py's StepCost). The chain is scored by the draft's
 own chances, so the engine's sizer then verifies the prefix that pays most. Measured on a
-2-core CPU, a step of Qwen2.5-Coder-0.5B costs ~0.6 of one of its 1.5B sibling (~0.5 over the
-draft vocabulary, `draft_vocab`: chain.py) and a 1.5B step over 8 nodes ~2.5 of one over 1: on
-2 cores a draft model hardly pays (BENCHMARKS.md).
+2-core CPU, a step of Qwen2.5-Coder-0.5B costs ~0.46 of one of its 1.5B sibling over its draft
+vocabulary (`draft_vocab`: chain.py; ~0.58 over the whole) and a 1.5B step over 8 nodes ~2.5 of
+one over 1: on 2 cores the 0.5B pays on code, not on prose (BENCHMARKS.md).
 """
 
 from __future__ import annotations
