@@ -34,7 +34,7 @@ import torch
 
 import longspec
 from longspec.bench.peers import PEERS, Peers, peer_status
-from longspec.bench.runner import parse_entry
+from longspec.bench.runner import parse_entry, split_entries
 from longspec.drafters import METHODS
 from longspec.models.sources import fetch_data
 from longspec.request import encode_prompt
@@ -138,7 +138,7 @@ def main() -> None:
     print(model.profile, flush=True)
     step_bytes = weight_bytes(model.net)
     print(f"weights read per plain step: {step_bytes / 1e6:.1f} MB", flush=True)
-    methods = args.methods.split(",")
+    methods = split_entries(args.methods)
     for m in [m for m in methods if m in PEERS]:
         status = peer_status(m, model, SETTINGS["greedy"], 0, False)
         if status != "ok":

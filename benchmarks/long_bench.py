@@ -34,7 +34,7 @@ from chat_bench import SETTINGS as CHAT_SETTINGS
 
 import longspec
 from longspec.bench.metrics import distinct_n
-from longspec.bench.runner import parse_entry
+from longspec.bench.runner import parse_entry, split_entries
 from longspec.drafters import METHODS
 from longspec.request import encode_prompt
 
@@ -126,7 +126,7 @@ def main() -> None:
     text = sharegpt_prompts(args.prompt + 1)[-1] if args.sharegpt else PROMPTS[args.prompt]
     ids = encode_prompt(model, [{"role": "user", "content": text}])
     sampling = SETTINGS[args.setting]
-    methods = args.methods.split(",")
+    methods = split_entries(args.methods)
     if args.check_tokens and "ar" not in methods:
         methods.insert(0, "ar")
     longspec.generate(model, ids, max_new_tokens=16, sampling=sampling, seed=0)   # warm-up

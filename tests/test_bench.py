@@ -5,7 +5,7 @@ import json
 import pytest
 
 from longspec.bench.metrics import decode_bytes, distinct_n, roofline_ms
-from longspec.bench.runner import parse_entry
+from longspec.bench.runner import parse_entry, split_entries
 from longspec.cli import main
 
 
@@ -57,6 +57,12 @@ def test_entry_options_and_verify_mode():
         parse_entry("draft[verify=maybe]", {})
     with pytest.raises(ValueError, match="takes no options"):
         parse_entry("hf[verify=rejection]", {})
+
+
+@pytest.mark.unit
+def test_a_list_of_entries_keeps_the_commas_of_their_options():
+    assert split_entries("ar, draft[max_nodes=17,max_depth=16],auto,") == [
+        "ar", "draft[max_nodes=17,max_depth=16]", "auto"]
 
 
 def test_bench_runs_the_transformers_peer_on_a_gguf_file(tmp_path):

@@ -36,6 +36,11 @@ class Entry:
     verify: str = "match"    # "rejection" for methods that carry their draft distribution
 
 
+def split_entries(text: str) -> list[str]:
+    """'ar,draft[max_nodes=17,max_depth=16]' -> its entries: commas inside brackets stay."""
+    return [m.strip() for m in re.split(r",(?![^\[]*\])", text) if m.strip()]
+
+
 def parse_entry(spec: str, shared: dict) -> Entry:
     """'name' or 'name[key=value,...]'; `shared` options go to every method that takes them."""
     match = re.fullmatch(r"([\w-]+)(?:\[(.*)\])?", spec.strip())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from .flags import load_from_args, load_optional, model_flags, sampling_flags, sampling_from_args
@@ -39,12 +38,13 @@ def int_list(text: str, flag: str) -> list[int]:
 
 def run(args) -> int:
     from ..bench.main import run_bench
+    from ..bench.runner import split_entries
 
     sampling = sampling_from_args(args)
     gen_lens = int_list(args.gen_lens, "--gen-lens")
     model = load_from_args(args.model, args)
     draft = load_optional(args.draft_model, args)
-    methods = [m for m in re.split(r",(?![^\[]*\])", args.methods) if m.strip()]
+    methods = split_entries(args.methods)
     written = run_bench(model, draft_model=draft, heads=args.heads, methods=methods,
                         gen_lens=gen_lens, prompt_len=args.prompt_len,
                         prompt_file=args.prompt_file, sampling=sampling, seed=args.seed,
