@@ -15,9 +15,11 @@ import longspec
 from longspec.cli import main
 from longspec.heads import load_eagle
 from longspec.heads.data import TargetFeatures, chat_stream, chat_tokens, data_files
-from longspec.heads.eagle import EagleDrafterNet, FeatureCache
+from longspec.heads.eagle import PRODUCTS, EagleDrafterNet, FeatureCache
 from longspec.heads.objectives import eagle_losses, implied_length
 from longspec.heads.train import DrafterTraining, train_drafter, training_data
+from longspec.models.compiled import int4_mm
+from longspec.models.linear import DenseLinear, Int4Linear
 
 TINY = {"batch_size": 2, "seq_len": 48, "warmup_steps": 2}
 
@@ -201,6 +203,31 @@ def test_unrolled_training_sees_what_drafting_sees(tiny_model):
         guess = eagle(embeds[0, root + depth:root + depth + 1], guess,
                       torch.tensor([root + depth]), cache, slot, torch.zeros(1, slot + 1))
         torch.testing.assert_close(guess[0], unrolled[depth][0, i])
+
+
+def test_the_drafting_copy_guesses_as_the_trained_drafter(tiny_model):
+    """Drafting runs a copy whose products are the model's own product modules (8-bit on
+    longspec::int4_mm where it runs); the trained drafter keeps its own, and the copy's
+    guesses and logits are the trained ones up to the rounding of its weights."""
+    torch.manual_seed(0)
+    eagle = EagleDrafterNet.for_model(tiny_model)
+    for p in eagle.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=0.1)
+    drafting, head = eagle.for_drafting(tiny_model.net)
+    assert isinstance(eagle.wqkv, torch.nn.Linear)
+    product = Int4Linear if int4_mm() else DenseLinear
+    assert all(isinstance(getattr(drafting, n), product) for n in PRODUCTS)
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (6,))
+    features = torch.randn(6, tiny_model.config.hidden_size)
+    embeds = F.embedding(tokens, tiny_model.net.embed)
+    causal = torch.full((6, 6), float("-inf")).triu(1)
+    guesses = [net(embeds, features, torch.arange(6), FeatureCache(eagle.shape, 8,
+                                                                   torch.float32, "cpu"),
+                   0, causal) for net in (eagle, drafting)]
+    torch.testing.assert_close(guesses[1], guesses[0], atol=0.05, rtol=0.05)
+    torch.testing.assert_close(head(guesses[1]), F.linear(guesses[1], eagle.head(tiny_model.net)),
+                               atol=0.05, rtol=0.05)
 
 
 def test_training_time_test_lowers_held_out_loss_at_depth_2(tiny_model, text_file, tmp_path):

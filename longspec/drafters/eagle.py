@@ -45,8 +45,10 @@ class EagleDrafter(TrieDrafter):
                  top_k: int = TOP_K, beam: int = BEAM, min_path: int = MIN_PATH,
                  method: str = "eagle"):
         self.net = model.net
-        self.eagle = store.resolve(model, drafter, "eagle", "an EAGLE drafter", EagleDrafterNet,
-                                   load_eagle)
+        trained = store.resolve(model, drafter, "eagle", "an EAGLE drafter", EagleDrafterNet,
+                                load_eagle)
+        # its products as the model's, and its LM head over the draft vocabulary [V'] as one
+        self.eagle, self.head = trained.for_drafting(model.net)
         self.sampler = sampler
         self.device = model.device
         self.beam = beam
@@ -58,8 +60,7 @@ class EagleDrafter(TrieDrafter):
         self.cache = FeatureCache(self.eagle.shape, context + budget.max_depth * beam + 1,
                                   model.dtype, model.device)
         self.vocab = self.eagle.vocab             # draft vocabulary [V'], or None: all
-        self.head = self.eagle.head(self.net)     # its LM head rows [V', hidden]
-        self.top_k = min(top_k, self.head.shape[0])
+        self.top_k = min(top_k, self.head.out_features)
         self.length = 0                          # committed pairs in the feature cache
         self.pending: list[torch.Tensor] = []    # their features [*, hidden], not yet run
         self.root_feature: torch.Tensor | None = None   # [1, hidden]
@@ -111,7 +112,7 @@ class EagleDrafter(TrieDrafter):
         draft probabilities, as host lists [m][top_k]: over the draft vocabulary only, ranked
         and weighed by one distribution, the sampler's guess scores (the position's Gumbel
         noise included when sampling, as the target's choice will have it)."""
-        logits = F.linear(guesses, self.head)
+        logits = self.head(guesses)
         scores = self.sampler.guess_scores(logits, depth, same_depth=True, columns=self.vocab)
         top = torch.topk(scores, self.top_k, -1)
         probs = torch.softmax(scores, -1).gather(-1, top.indices)

@@ -25,6 +25,7 @@ Glossary:
 
 from __future__ import annotations
 
+from copy import deepcopy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,11 +33,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.build import make_linear
+from ..models.compiled import int4_mm
 from ..models.rope import apply_rope, rope_cos_sin, rope_frequencies
 from . import store
 
 FORMAT = 2                    # 2: post-norm features, an output norm, the draft vocabulary
 INIT_STD = 0.02
+PRODUCTS = ("fc", "wqkv", "wo", "w_gate_up", "w_down")
+# how the drafter's products are kept for drafting where longspec::int4_mm runs: 8-bit codes
+# per 32 weights (Q8_0's form), ~6x a bfloat16 product's speed for one row (BENCHMARKS.md)
+DRAFTING_QUANT = "q8"
+SLOT_BLOCK = 64               # the feature cache is read in blocks of this many slots
 
 
 @dataclass(frozen=True)
@@ -72,23 +80,29 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 class FeatureCache:
-    """The drafter's keys and values [kv_heads, capacity, head_dim], one slot per pair."""
+    """The drafter's keys and values [kv_heads, capacity, head_dim], one slot per pair.
+
+    Attention reads them in whole blocks of SLOT_BLOCK slots (the slots past the last written
+    one masked out): bfloat16 products of a new shape make oneDNN build a new kernel (~1 ms
+    here, more than the product), and the cache grows by a slot or two every step."""
 
     def __init__(self, shape: EagleShape, capacity: int, dtype: torch.dtype, device):
-        size = (shape.num_kv_heads, capacity, shape.head_dim)
+        self.capacity = -(-capacity // SLOT_BLOCK) * SLOT_BLOCK
+        size = (shape.num_kv_heads, self.capacity, shape.head_dim)
         self.k = torch.zeros(size, dtype=dtype, device=device)
         self.v = torch.zeros(size, dtype=dtype, device=device)
-        self.capacity = capacity
 
     def write(self, start: int, k: torch.Tensor, v: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v [kv_heads, q, head_dim] at slots start..; return slots [0, start + q)."""
+        """Store k, v [kv_heads, q, head_dim] at slots start..; return slots [0, start + q)
+        and on to the end of their block (finite values, to be masked out)."""
         end = start + k.shape[-2]
         if end > self.capacity:
             raise RuntimeError(f"feature cache overflow: {end} slots of {self.capacity}")
         self.k[:, start:end] = k
         self.v[:, start:end] = v
-        return self.k[:, :end], self.v[:, :end]
+        read = -(-end // SLOT_BLOCK) * SLOT_BLOCK
+        return self.k[:, :read], self.v[:, :read]
 
 
 def unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
@@ -164,6 +178,21 @@ class EagleDrafterNet(nn.Module):
         head = net.dense_head()
         return head if self.vocab is None else head[self.vocab]
 
+    def for_drafting(self, net) -> tuple[EagleDrafterNet, nn.Module]:
+        """A copy of the drafter whose products are the model's own product modules
+        (models/build.py's `make_linear`), 8-bit on longspec::int4_mm where it runs, and its
+        LM head as one such product: guesses as the trained drafter makes them up to the
+        rounding of its weights. The drafter's arithmetic decides which tokens are proposed,
+        never which are written, so it need not be the training's."""
+        quantize = DRAFTING_QUANT if int4_mm() and net.device.type == "cpu" else None
+        dtype, device = net.dtype, net.device
+        copy = deepcopy(self)
+        for name in PRODUCTS:
+            lin = getattr(self, name)
+            bias = None if lin.bias is None else lin.bias.detach()
+            setattr(copy, name, make_linear(lin.weight.detach(), bias, dtype, device, quantize))
+        return copy, make_linear(self.head(net), None, dtype, device, quantize)
+
     def target_feature(self, net, hidden: torch.Tensor) -> torch.Tensor:
         """The target's features (its final norm) of its final hidden states [..., hidden]."""
         return F.rms_norm(hidden, (self.shape.hidden_size,), net.norm.to(hidden.dtype),
@@ -201,6 +230,7 @@ class EagleDrafterNet(nn.Module):
         attend to slots [0, start + T) through the additive `mask` [T, start + T]."""
         x, q, k, v = self._inputs(embeds, features, positions)
         k, v = cache.write(start, k, v)
+        mask = F.pad(mask, (0, k.shape[-2] - mask.shape[1]), value=float("-inf"))
         return self._guess(x, grouped_attention(q, k, v, mask))
 
     def unroll(self, embeds: torch.Tensor, features: torch.Tensor, steps: int

@@ -65,6 +65,7 @@ class DenseLinear(nn.Module):
         """weight [out, in]; kept as [in, out] for oneDNN's inner product (it reads it as is)."""
         super().__init__()
         self.in_features = weight.shape[1]
+        self.out_features = weight.shape[0]
         self.inner_product = inner_products(weight.dtype, weight.device)
         # on a CPU, fewer rows run padded with zero rows to this many (on CUDA, CUDA_ROWS)
         self.min_rows = (MIN_ROWS if self.inner_product
