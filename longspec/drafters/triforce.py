@@ -28,7 +28,7 @@ STREAMING_WINDOW = 512
 
 class TriForceDrafter(Drafter):
     def __init__(self, target, draft, sampler, budget: int, rebuild_every: int,
-                 max_depth: int, gamma1: int = GAMMA1, window: int = STREAMING_WINDOW,
+                 max_depth: int, *, gamma1: int = GAMMA1, window: int = STREAMING_WINDOW,
                  vocab: int = DRAFT_VOCAB):
         check_draft_model(target, draft)
         self.sampler = sampler
@@ -119,5 +119,6 @@ SPEC = MethodSpec(
     stats=("middle_acceptance_rate", "retrieval_rebuilds"),
     build=lambda s: TriForceDrafter(s.model, s.draft_model, s.sampler,
                                     s.options["retrieval_budget"], s.options["rebuild_every"],
-                                    s.budget.max_depth, s.options["gamma1"],
-                                    s.options["streaming_window"], s.options["draft_vocab"]))
+                                    s.budget.max_depth, gamma1=s.options["gamma1"],
+                                    window=s.options["streaming_window"],
+                                    vocab=s.options["draft_vocab"]))

@@ -148,9 +148,10 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                mask: torch.Tensor | None = None, logits_index: torch.Tensor | slice | None = None,
-                return_hidden: bool = False, need_logits: bool = True,
-                return_queries: bool = False, head: Head | None = None) -> ForwardOutput:
+                mask: torch.Tensor | None = None, *,
+                logits_index: torch.Tensor | slice | None = None, return_hidden: bool = False,
+                need_logits: bool = True, return_queries: bool = False, head: Head | None = None
+                ) -> ForwardOutput:
         """Run q new tokens [q] at `positions` [q] against `cache`.
 
         `mask` is the additive [q, q] mask of the block (causal, or a draft tree's ancestors);
