@@ -315,11 +315,9 @@ inline float dot(const Query* q, const at::BFloat16* k, int64_t d) {
 }
 
 // A float32 buffer of this shape, reused across calls while it stays under SCRATCH_FLOATS
-// (a decoding step's scores: fresh allocations of this size cost page faults every call, 3.6 ms
-// of a 16-row tree's 7.6 at 8K positions of Qwen2.5's 12 heads; 32 MB holds the scores of 16
-// rows of 12 heads to 40K positions). Every element that decides a result is written before it
-// is read.
-constexpr int64_t SCRATCH_FLOATS = 1 << 23;
+// (a decoding step's scores: fresh allocations of this size cost page faults every call).
+// Every element that decides a result is written before it is read.
+constexpr int64_t SCRATCH_FLOATS = 1 << 20;
 
 Tensor scratch(int slot, at::IntArrayRef shape, at::ScalarType type = at::kFloat) {
   thread_local std::vector<float> buffers[4];
