@@ -13,6 +13,7 @@ from helpers import assert_matches_ar, make_checkpoint
 
 import longspec
 from longspec.cli import main
+from longspec.drafters.eagle import EagleDrafter
 from longspec.heads import load_eagle
 from longspec.heads.data import TargetFeatures, chat_stream, chat_tokens, data_files
 from longspec.heads.eagle import PRODUCTS, EagleDrafterNet, FeatureCache
@@ -228,6 +229,21 @@ def test_the_drafting_copy_guesses_as_the_trained_drafter(tiny_model):
     torch.testing.assert_close(guesses[1], guesses[0], atol=0.05, rtol=0.05)
     torch.testing.assert_close(head(guesses[1]), F.linear(guesses[1], eagle.head(tiny_model.net)),
                                atol=0.05, rtol=0.05)
+
+
+def test_auto_drafts_with_eagle_only_where_the_suffix_matches_are_unsure(demo_eagle,
+                                                                         monkeypatch):
+    """In `auto`, the EAGLE drafter runs in the steps where the suffix matches' next token is
+    unsure; the steps it skips reach its feature cache later, and the text is `ar`'s."""
+    model = longspec.load_model("demo", dtype="float32", device="cpu")
+    calls = []
+    drafts = EagleDrafter.add_drafts
+    monkeypatch.setattr(EagleDrafter, "add_drafts",
+                        lambda self, *args: calls.append(len(args[1])) or drafts(self, *args))
+    prompt = "import os\n" + "def add(a, b):\n    return a + b\n\n" * 12
+    sampling = longspec.SamplingConfig(temperature=0)
+    res = assert_matches_ar(model, prompt, "auto", 96, heads=demo_eagle, sampling=sampling)
+    assert 0 < len(calls) < res.stats["steps"]
 
 
 def test_training_time_test_lowers_held_out_loss_at_depth_2(tiny_model, text_file, tmp_path):
