@@ -18,7 +18,8 @@ sizing, bookkeeping).
 
 A method may carry options, as in `longspec bench`: `tokenswift[ngram_top_k=0]`; a method
 named with `@heads` runs with the trained drafter of --heads (`auto@heads` beside `auto`: `auto`
-with and without an EAGLE drafter). With --sharegpt
+with and without an EAGLE drafter), one ending in `@draft` with --draft-model (`auto@draft`:
+`auto` with the draft model's chains among its sources). With --sharegpt
 the prompts are the first questions of ShareGPT's held-out conversations (`longspec fetch
 sharegpt`; those of 50 to 2,000 characters, in the file's order) instead of the ones below.
 """
@@ -69,12 +70,14 @@ def run_one(model, draft, peers, method: str, prompt_ids: list[int], n: int, sam
         tokens = peers.generate(method, prompt_ids, n, sampling, seed=0)
         seconds = time.perf_counter() - start
         return {"tokens": tokens, "seconds": seconds, "tok_s": len(tokens) / seconds}
+    method, with_draft = method.removesuffix("@draft"), method.endswith("@draft")
     method, with_heads = method.removesuffix("@heads"), method.endswith("@heads")
     entry = parse_entry(method, {})
+    with_draft = with_draft or METHODS[entry.method].needs_draft_model
     res = longspec.generate(model, prompt_ids, max_new_tokens=n, method=entry.method,
                             options=entry.options, sampling=sampling, seed=0, ignore_eos=True,
                             heads=heads if with_heads else None,
-                            draft_model=draft if METHODS[entry.method].needs_draft_model else None)
+                            draft_model=draft if with_draft else None)
     s = res.stats
     return {"tokens": res.token_ids, "seconds": s["decode_s"], "tok_s": s["tokens_per_s"],
             "len": s["mean_accepted_length"], "nodes": s["mean_tree_nodes"],

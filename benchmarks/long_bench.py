@@ -10,6 +10,11 @@ tokens and the other methods are compared with it over those (the first tokens o
 depend on its length: DESIGN.md), which keeps a 32K-token run of one method affordable.
 
     python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 8192 --methods ar,auto
+    python benchmarks/long_bench.py --model qwen-coder-1.5b --draft-model qwen-coder-0.5b \
+        --new-tokens 8192 --methods ar,auto,auto@draft,draft
+
+A method ending in `@draft` runs with --draft-model (`auto@draft`: `auto` with the draft model's
+chains among its sources).
     python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 32700 --methods auto \\
         --check-tokens 8192
 
@@ -51,10 +56,12 @@ def kv_bytes(model, positions: int) -> int:
 
 def run(model, draft, method: str, ids: list[int], n: int, sampling, segment: int) -> dict:
     model.state.clear()
+    method, with_draft = method.removesuffix("@draft"), method.endswith("@draft")
     entry = parse_entry(method, {})
+    with_draft = with_draft or METHODS[entry.method].needs_draft_model
     s = longspec.stream(model, ids, max_new_tokens=n, method=entry.method, options=entry.options,
                         sampling=sampling, seed=0, ignore_eos=True, progress=True,
-                        draft_model=draft if METHODS[entry.method].needs_draft_model else None)
+                        draft_model=draft if with_draft else None)
     tokens: list[int] = []
     marks = []                       # (tokens, seconds since the first token) per segment
     begin = None
@@ -71,7 +78,8 @@ def run(model, draft, method: str, ids: list[int], n: int, sampling, segment: in
     st = s.result.stats
     return {"tokens": tokens, "tok_s": st["tokens_per_s"], "len": st["mean_accepted_length"],
             "segments": segments, "peak_rss_bytes": st["peak_memory_bytes"],
-            "kv_bytes": kv_bytes(model, len(ids) + len(tokens)), "decode_s": st["decode_s"]}
+            "kv_bytes": kv_bytes(model, len(ids) + len(tokens)), "decode_s": st["decode_s"],
+            "sources": st.get("sources")}
 
 
 def llama_speculative(binary: str, model, draft, ids: list[int], n: int, draft_max: int) -> dict:
@@ -138,6 +146,8 @@ def main() -> None:
                "len": round(r["len"], 2), "peak_rss_gb": round(r["peak_rss_bytes"] / 1e9, 2),
                "kv_gb": round(r["kv_bytes"] / 1e9, 3),
                "distinct_4": round(distinct_n(r["tokens"], 4), 3), "segments": r["segments"]}
+        if r["sources"]:      # auto's nodes verified and accepted, by source
+            row["sources"] = r["sources"]
         if m == "ar":         # where the answer ends: the model goes on past end-of-turn
             eos = model.eos_token_ids
             row["first_eos"] = next((i for i, t in enumerate(r["tokens"]) if t in eos), None)

@@ -1,6 +1,7 @@
 """A target and a draft model as GGUF files of the Qwen2 family (the 1.5B and 0.5B pair in
 small): sharing a tokenizer, `draft` and `triforce` write exactly what plain decoding writes,
-the draft over its whole vocabulary or part of it; a draft with another vocabulary, or another
+the draft over its whole vocabulary or part of it, and so does `auto` with the draft model's
+chains among its sources; a draft with another vocabulary, or another
 tokenizer of the same size, is refused."""
 
 import pytest
@@ -47,6 +48,27 @@ def test_a_draft_model_of_the_same_family_writes_what_ar_writes(pair, method, sa
     res = assert_matches_ar(target, [5, 6, 7, 8, 9, 10], method, 40, sampling=sampling, seed=3,
                             draft_model=draft, options={"draft_vocab": draft_vocab})
     assert res.stats["method"] == method
+
+
+@pytest.mark.parametrize("sampling", [longspec.SamplingConfig(temperature=0),
+                                      longspec.SamplingConfig(temperature=0.8, top_p=0.9)],
+                         ids=["greedy", "sampled"])
+def test_auto_drafts_with_a_draft_model_too_and_writes_what_ar_writes(pair, sampling):
+    target, draft = pair
+    res = assert_matches_ar(target, [5, 6, 7, 8, 9, 10], "auto", 40, sampling=sampling, seed=3,
+                            draft_model=draft)
+    assert res.stats["sources"]["draft_model"]["verified"] > 0
+
+
+def test_autos_draft_model_chains_are_the_text_when_the_draft_is_the_target(tmp_path):
+    # a model of its own: no earlier outputs for the suffix matches to draft from
+    target = qwen_gguf(tmp_path / "target.gguf", TARGET_MIX, 0)
+    sampling = longspec.SamplingConfig(temperature=0.8, top_p=0.9)
+    res = assert_matches_ar(target, [5, 6, 7, 8, 9, 10], "auto", 40, sampling=sampling, seed=3,
+                            draft_model=target)
+    drafted = res.stats["sources"]["draft_model"]
+    assert drafted["verified"] > 0
+    assert drafted["accepted"] == drafted["verified"]
 
 
 @pytest.mark.skipif(not int4_mm(), reason="a draft vocabulary takes longspec::int4_mm's tiles")

@@ -38,9 +38,10 @@ OPTIONS = {"selfspec": {"retrieval_budget": 128, "rebuild_every": 64},
                         "draft_vocab": 4096},
            "tokenswift": {"partial_budget": 96, **FIXED}, "suffix": FIXED, "ngram": FIXED,
            "recycling": FIXED, "heads": FIXED, "eagle": FIXED, "auto[fixed]": FIXED,
-           "auto[eagle]": FIXED}
-METHODS = ["auto", "auto[fixed]", "auto[eagle]", "suffix", "pld", "ngram", "recycling", "heads",
-           "tokenswift", "eagle", "draft", "selfspec", "triforce"]
+           "auto[eagle]": FIXED, "auto[draft]": FIXED}
+# `auto[draft]`: `auto` with the draft model's chains among its sources
+METHODS = ["auto", "auto[fixed]", "auto[eagle]", "auto[draft]", "suffix", "pld", "ngram",
+           "recycling", "heads", "tokenswift", "eagle", "draft", "selfspec", "triforce"]
 
 
 def prompts():
@@ -79,7 +80,7 @@ def check_matches_ar(entry: str, setting: str, prompt: str, new_tokens: int,
     res = longspec.generate(target, prompts()[prompt], max_new_tokens=new_tokens, method=method,
                             sampling=SETTINGS[setting], seed=3, ignore_eos=True,
                             draft_model=(draft if longspec.METHODS[method].needs_draft_model
-                                         else None),
+                                         or entry == "auto[draft]" else None),
                             heads=drafter, options=OPTIONS.get(entry))
     expect = reference(prompt, setting, new_tokens, dtype)
     got = tuple(res.token_ids)

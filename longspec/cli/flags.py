@@ -63,7 +63,7 @@ def load_from_args(path: str, args):
 def method_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="auto", help=f"one of: {', '.join(METHODS)}")
     p.add_argument("--draft-model", help="draft model directory or bundled name (methods: "
-                   f"{', '.join(n for n, s in METHODS.items() if s.needs_draft_model)})")
+                   f"{', '.join(n for n, s in METHODS.items() if s.takes_draft_model)})")
     p.add_argument("--heads", metavar="DIR", help="trained drafter directory, from "
                    "'longspec train-drafter': multi-token heads or an EAGLE drafter (methods: "
                    f"{', '.join(n for n, s in METHODS.items() if s.needs_heads)}; default: "

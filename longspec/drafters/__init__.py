@@ -43,9 +43,9 @@ def check_arguments(spec: MethodSpec, *, draft_model: bool, heads: bool, verify:
     """Refuse extras the method does not use (before anything is loaded)."""
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
-    if draft_model and not spec.needs_draft_model:
+    if draft_model and not spec.takes_draft_model:
         raise ValueError(f"method {spec.name!r} takes no draft model; methods that do: "
-                         f"{_those(lambda s: s.needs_draft_model)}")
+                         f"{_those(lambda s: s.takes_draft_model)}")
     if heads and not spec.needs_heads:
         raise ValueError(f"method {spec.name!r} takes no heads; methods that do: "
                          f"{_those(lambda s: s.needs_heads)}")

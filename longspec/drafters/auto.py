@@ -1,44 +1,85 @@
 """`auto`: every draft source the model has, merged into one scored trie.
 
 Model-free sources always: SuffixDecoding's matches in this text and earlier outputs, and
-Token Recycling's adjacency matrix of the target's own candidates; and, when the model has a
-trained EAGLE drafter (bundled for it, or given as heads=), that drafter's dynamic tree, in the
-steps where the suffix matches are unsure of the next token (EAGLE_BELOW). Each
-node keeps the source whose estimate was best; the engine calibrates each source's estimates
-from what the target accepts and verifies the prefix of the trie that pays most (sizing.py),
-so a source that guesses badly on this text is simply cut away.
+Token Recycling's adjacency matrix of the target's own candidates. In the steps where the
+suffix matches are unsure of the next token (MODELS_BELOW), the sources that run a model: a
+trained EAGLE drafter's dynamic tree, when the model has one (bundled for it, or given as
+heads=), and a draft model's chain, when one is given (draft_model=), as long as such steps
+measure faster with them than without (StepRates). Each node keeps the source whose estimate
+was best; the engine calibrates each source's estimates from what the target accepts and
+verifies the prefix of the trie that pays most (sizing.py), so a source that guesses badly on
+this text is simply cut away.
 """
 
 from __future__ import annotations
 
+import time
+
 from ..heads import store
+from ..sizing import calibration
 from ..tree import CANDIDATES, DraftTree, TrieBuilder
 from .base import Budget, Drafter
+from .draft_model import SPEC as DRAFT_SPEC
+from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
 from .recycling import RecyclingDrafter
 from .registry import MethodSpec
 from .suffix import SuffixDrafter
 
-SOURCES = ("suffix", "suffix_earlier", "recycling", "eagle")   # by the source ids nodes carry
-RECYCLING, EAGLE = 2, 3
+# by the source ids nodes carry
+SOURCES = ("suffix", "suffix_earlier", "recycling", "eagle", "draft_model")
+RECYCLING, EAGLE, DRAFT_MODEL = 2, 3, 4
 SPEC_NAME = "auto"
 RECYCLING_BUDGET = Budget(32, 6)    # the recycling template within the merged trie
 EAGLE_BUDGET = Budget(32, 6)        # the EAGLE drafter's tree within it (its method's default)
-# The EAGLE drafter drafts in a step where the suffix matches' likeliest next token has a
-# calibrated chance below this: where they are surer, its few tokens more rarely paid for its
-# forwards (SmolLM2, 3 chat prompts: `auto` with the drafter ran 0.77x `auto` without it
-# greedy and 0.68x at T=0.7 when it drafted every step, 0.97-0.99x and 0.90-0.95x with 0.3;
-# BENCHMARKS.md). The steps it skips reach its feature cache in one forward when it next drafts.
-EAGLE_BELOW = 0.3
+DRAFT_MODEL_BUDGET = DRAFT_SPEC.budget   # the draft model's chain within it (`draft`'s default)
+# The EAGLE drafter and the draft model draft only in a step where the suffix matches'
+# likeliest next token has a calibrated chance below this: where they are surer, the few tokens
+# more rarely paid for the forwards (SmolLM2, 3 chat prompts: `auto` with the EAGLE drafter ran
+# 0.77x `auto` without it greedy and 0.68x at T=0.7 when it drafted every step, 0.97-0.99x
+# and 0.90-0.95x with 0.3; BENCHMARKS.md). The steps they skip reach their caches in one
+# forward when they next draft.
+MODELS_BELOW = 0.3
+RATE_SMOOTHING = 0.1    # weight of a step in its arm's running tokens and seconds (StepRates)
+EXPLORE_EVERY = 16      # unsure steps after which the arm not chosen is tried again
+
+
+class StepRates:
+    """Which pays in the steps where the suffix matches are unsure: drafting with the sources
+    that run a model (arm True) or without them (False), as measured: each arm's new tokens
+    over its seconds (drafting, verifying, choosing), both decayed so that they follow the
+    text. The faster arm is chosen; the other is tried again every EXPLORE_EVERY unsure
+    steps, and each is tried first while it has no measure."""
+
+    def __init__(self):
+        self.tokens = {True: 0.0, False: 0.0}
+        self.seconds = {True: 0.0, False: 0.0}
+        self.waited = {True: 0, False: 0}    # unsure steps since the arm was last taken
+
+    def choose(self) -> bool:
+        for arm in (True, False):
+            if self.seconds[arm] == 0 or self.waited[arm] >= EXPLORE_EVERY:
+                return arm
+        return self.tokens[True] * self.seconds[False] >= self.tokens[False] * self.seconds[True]
+
+    def record(self, arm: bool, tokens: int, seconds: float) -> None:
+        keep = 1 - RATE_SMOOTHING
+        self.tokens[arm] = keep * self.tokens[arm] + tokens
+        self.seconds[arm] = keep * self.seconds[arm] + seconds
+        self.waited[arm] = 0
+        self.waited[not arm] += 1
 
 
 class AutoDrafter(Drafter):
     needs_prefill_logits = True
 
-    def __init__(self, model, sampler, drafter, context: int):
+    def __init__(self, model, sampler, drafter, context: int, draft_model=None,
+                 capacity: int = 0):
         """`drafter`: an EAGLE drafter's directory (or loaded one), or None for the one bundled
-        for the model, when there is."""
+        for the model, when there is; `draft_model`: a draft model, or None, and `capacity`
+        the slots its KV cache needs."""
         self.device = model.device
+        self.trust = calibration(model, SPEC_NAME, sampler.config)
         self.suffix = SuffixDrafter(model, model.device)
         self.recycling = RecyclingDrafter(model)
         if drafter is None:
@@ -46,12 +87,19 @@ class AutoDrafter(Drafter):
         self.eagle = (None if drafter is None else
                       EagleDrafter(model, drafter, sampler, context, EAGLE_BUDGET,
                                    method=SPEC_NAME))
+        self.draft_model = (None if draft_model is None else
+                            DraftModelDrafter(model, draft_model, sampler, capacity, context,
+                                              method=SPEC_NAME))
         self.needs_hidden = self.eagle is not None
+        self.rates = StepRates()
+        self.step: tuple[bool, float] | None = None  # an unsure step's arm and start
         self.verified = [0] * len(SOURCES)
         self.accepted = [0] * len(SOURCES)
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
         self.suffix.prefill(prompt_ids, cache)
+        if self.draft_model is not None:
+            self.draft_model.prefill(prompt_ids, cache)
 
     def observe_prefill(self, tokens, out) -> None:
         self.recycling.observe_prefill(tokens, out)
@@ -59,10 +107,18 @@ class AutoDrafter(Drafter):
             self.eagle.observe_prefill(tokens, out)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        started = time.perf_counter()
         trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
         self.suffix.add_drafts(trie, committed, budget)
-        if self.eagle is not None and self.suffix_chance(trie) < EAGLE_BELOW:
-            self.eagle.add_drafts(trie, committed, EAGLE_BUDGET, EAGLE)
+        models = self.eagle is not None or self.draft_model is not None
+        self.step = None
+        if models and self.suffix_chance(trie) < MODELS_BELOW:
+            self.step = (self.rates.choose(), started)
+        if self.step is not None and self.step[0]:
+            if self.eagle is not None:
+                self.eagle.add_drafts(trie, committed, EAGLE_BUDGET, EAGLE)
+            if self.draft_model is not None:
+                self.draft_model.add_drafts(trie, committed, DRAFT_MODEL_BUDGET, DRAFT_MODEL)
         tpl = self.recycling.template(RECYCLING_BUDGET)
         tokens = tpl.fill_by_token(committed[-1], self.recycling.matrix).tolist()
         weights = [tpl.scores[i] / tpl.scores[p] for i, p in enumerate(tpl.parents) if p >= 0]
@@ -72,14 +128,18 @@ class AutoDrafter(Drafter):
 
     def suffix_chance(self, trie: TrieBuilder) -> float:
         """The calibrated chance of the suffix matches' likeliest next token (0 without one)."""
-        trust = self.eagle.trust
-        return max((trust.chance(trie.sources[i], trie.scores[i])
+        return max((self.trust.chance(trie.sources[i], trie.scores[i])
                     for i in range(1, len(trie.tokens)) if trie.depths[i] == 1), default=0.0)
 
     def observe(self, tree, target_out, verdict) -> None:
+        if self.step is not None:
+            arm, started = self.step
+            self.rates.record(arm, len(verdict.tokens), time.perf_counter() - started)
         self.recycling.observe(tree, target_out, verdict)
         if self.eagle is not None:
             self.eagle.observe(tree, target_out, verdict)
+        if self.draft_model is not None:
+            self.draft_model.observe(tree, target_out, verdict)
         passed = set(verdict.accepted)
         for node in range(1, tree.n):
             source = tree.sources[node]
@@ -96,6 +156,8 @@ class AutoDrafter(Drafter):
 
 SPEC = MethodSpec(
     name=SPEC_NAME, summary="every source the model has (suffix matches, recycling, its trained "
-    "EAGLE drafter) in one scored trie, verified as far as it pays (the default)",
-    budget=Budget(48, 24), needs_heads=True, stats=("sources",),
-    build=lambda s: AutoDrafter(s.model, s.sampler, s.heads, s.context))
+    "EAGLE drafter, a draft model when given) in one scored trie, verified as far as it pays "
+    "(the default)",
+    budget=Budget(48, 24), needs_heads=True, draft_model="optional", stats=("sources",),
+    build=lambda s: AutoDrafter(s.model, s.sampler, s.heads, s.context, s.draft_model,
+                                s.capacity))

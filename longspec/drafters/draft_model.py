@@ -16,6 +16,8 @@ one over 1: on 2 cores the 0.5B pays on code, not on prose (BENCHMARKS.md).
 
 from __future__ import annotations
 
+import itertools
+import operator
 import time
 
 import torch
@@ -23,8 +25,8 @@ import torch
 from ..cache import StaticCache
 from ..memory import ensure_fits
 from ..sizing import Calibration, StepCost, calibration, step_cost
-from ..tree import DraftTree, TreeShape
-from .base import Budget, Drafter
+from ..tree import DraftTree, TreeShape, TrieBuilder
+from .base import Budget, TrieDrafter
 from .chain import ChainModel
 from .registry import MethodSpec, Option
 
@@ -63,9 +65,9 @@ def chance(row: torch.Tensor, token: int) -> float:
     return float(torch.softmax(row[0].float(), -1)[token])
 
 
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(TrieDrafter):
     def __init__(self, target, draft, sampler, capacity: int, context: int,
-                 vocab: int = DRAFT_VOCAB):
+                 vocab: int = DRAFT_VOCAB, method: str = "draft"):
         check_draft_model(target, draft)
         check_draft_context(draft, context, "max_new_tokens or the prompt length")
         self.target = target
@@ -75,9 +77,11 @@ class DraftModelDrafter(Drafter):
                     "the draft model's KV cache", "lower max_new_tokens")
         cache = StaticCache(draft.config, capacity, draft.dtype, draft.device)
         self.chain = ChainModel(draft.net, cache, vocab=vocab)
+        # what the draft's chances are worth, as the engine calibrates them for `method`
+        self.trust: Calibration = calibration(target, method, sampler.config)
         self.draft_step: float | None = None     # seconds of a draft step, smoothed
         self._start = 0
-        self._drafted = 0
+        self._drafts: list[int] = []
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
         self.chain.catch_up(prompt_ids[:-1], last_logits=0)
@@ -91,14 +95,16 @@ class DraftModelDrafter(Drafter):
             return True
         return worth * one > self.draft_step + more - now
 
-    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+    def draft_chain(self, committed: list[int], budget: Budget, source: int = 0
+                    ) -> tuple[list[int], list[torch.Tensor], list[float]]:
+        """The chain drafted after `committed`, its processed logits, and each draft's chance
+        under the draft model. Drafting goes on while a draft more pays, its chance calibrated
+        as the engine calibrates `source`'s."""
         self._start = len(committed)
         adaptive = budget.sizing == "adaptive"
         cost = step_cost(self.target, budget.max_nodes)
-        # what the draft's chances are worth, as the sizer reads them from what was accepted
-        trust: Calibration = calibration(self.target, SPEC.name, self.sampler.config)
-        paths = [1.0]           # the chance of each draft's path, by the draft
-        accepted = [1.0]        # ... and as calibrated
+        chances: list[float] = []
+        accepted = [1.0]        # the chance of each draft's path, as calibrated
         clock = [time.perf_counter()]
 
         def go_on(rows: list[torch.Tensor], drafts: list[int]) -> bool:
@@ -108,30 +114,49 @@ class DraftModelDrafter(Drafter):
                 self.draft_step = (step if self.draft_step is None else
                                    self.draft_step + STEP_SMOOTHING * (step - self.draft_step))
             clock[0] = now
-            latest = chance(rows[-1], drafts[-1])
-            paths.append(paths[-1] * latest)
-            calibrated = trust.chance(0, latest)
+            chances.append(chance(rows[-1], drafts[-1]))
+            calibrated = self.trust.chance(source, chances[-1])
             accepted.append(accepted[-1] * calibrated)
             # the next draft's chance taken as this one's
             return not adaptive or self._pays(cost, len(drafts), accepted[-1] * calibrated)
 
         drafts, rows = self.chain.draft(committed, budget.chain, self.sampler.chain_choice,
                                         go_on=go_on)
-        if len(paths) <= len(drafts):                 # the last draft, made at the chain's cap
-            paths.append(paths[-1] * chance(rows[-1], drafts[-1]))
-        self._drafted = len(drafts)
+        if len(chances) < len(drafts):                 # the last draft, made at the chain's cap
+            chances.append(chance(rows[-1], drafts[-1]))
+        self._drafts = drafts
+        return drafts, rows, chances
+
+    def propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        drafts, rows, chances = self.draft_chain(committed, budget)
+        paths = list(itertools.accumulate([1.0, *chances], operator.mul))
         probs = torch.softmax(torch.cat(rows), dim=-1) if self.sampler.rejection else None
         tokens = torch.tensor([committed[-1], *drafts], device=self.device)
         return DraftTree(TreeShape.chain(len(drafts), self.device), tokens, probs, paths,
                          [0] * len(paths))
 
+    def add_drafts(self, trie: TrieBuilder, committed: list[int], budget: Budget,
+                   source: int = 0) -> None:
+        """Add the chain drafted for the text `committed` to `trie` (used by `auto`)."""
+        drafts, _, chances = self.draft_chain(committed, budget, source)
+        trie.add_chain(drafts, probs=chances, source=source)
+
     def observe(self, tree, target_out, verdict) -> None:
-        # the cache holds the drafts but the last; keep those the target accepted
-        self.chain.rewind(self._start + min(verdict.accept_length, self._drafted - 1))
+        # the cache holds the drafts but the last; keep those the target committed (none when
+        # this step drafted nothing: the next draft catches up with the text)
+        if not self._drafts:
+            return
+        kept = 0
+        for draft, token in zip(self._drafts[:-1], verdict.tokens):
+            if draft != token:
+                break
+            kept += 1
+        self.chain.rewind(self._start + kept)
+        self._drafts = []
 
 
 SPEC = MethodSpec(
     name="draft", summary="a small model with the same tokenizer (classic speculative decoding)",
-    budget=Budget(9, 8), needs_draft_model=True, samples_drafts=True, options=VOCAB_OPTION,
+    budget=Budget(9, 8), draft_model="needed", samples_drafts=True, options=VOCAB_OPTION,
     build=lambda s: DraftModelDrafter(s.model, s.draft_model, s.sampler, s.capacity, s.context,
                                       s.options["draft_vocab"]))

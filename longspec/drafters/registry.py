@@ -51,12 +51,22 @@ class MethodSpec:
     budget: Budget                        # default draft budget, measured (BENCHMARKS.md)
     build: Callable[[DraftSetup], Drafter]
     options: Mapping[str, Option] = field(default_factory=dict)
-    needs_draft_model: bool = False
+    # "needed": it drafts with a draft model (draft, triforce); "optional": it adds one's drafts
+    # to its own when given (auto); "": it takes none
+    draft_model: str = ""
     # takes a trained drafter (heads=: multi-token heads or an EAGLE drafter); heads=None
     # takes the one bundled for the model, when there is (`auto` drafts without one if not)
     needs_heads: bool = False
     samples_drafts: bool = False          # drafts carry their distribution: verify="rejection"
     stats: tuple[str, ...] = ()           # method-specific keys of the result's stats
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.draft_model == "needed"
+
+    @property
+    def takes_draft_model(self) -> bool:
+        return self.draft_model != ""
 
     @property
     def speculative(self) -> bool:

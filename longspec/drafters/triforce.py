@@ -113,7 +113,7 @@ class TriForceDrafter(Drafter):
 SPEC = MethodSpec(
     name="triforce", summary="a small model over a StreamingLLM cache -> the target over a "
     "retrieval cache -> full target",
-    budget=Budget(13, 12), needs_draft_model=True, samples_drafts=True,
+    budget=Budget(13, 12), draft_model="needed", samples_drafts=True,
     options={**LEVEL_OPTIONS, "gamma1": Option(GAMMA1),
              "streaming_window": Option(STREAMING_WINDOW), **VOCAB_OPTION},
     stats=("middle_acceptance_rate", "retrieval_rebuilds"),
