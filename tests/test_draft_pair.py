@@ -11,6 +11,7 @@ from helpers import assert_matches_ar, make_checkpoint
 
 import longspec
 from longspec.cache import StaticCache
+from longspec.drafters.auto import DRAFT_MODEL_BUDGET
 from longspec.drafters.chain import ChainModel
 from longspec.models.compiled import int4_mm
 from longspec.models.linear import HeadPart, Int4Linear
@@ -64,11 +65,12 @@ def test_autos_draft_model_chains_are_the_text_when_the_draft_is_the_target(tmp_
     # a model of its own: no earlier outputs for the suffix matches to draft from
     target = qwen_gguf(tmp_path / "target.gguf", TARGET_MIX, 0)
     sampling = longspec.SamplingConfig(temperature=0.8, top_p=0.9)
-    res = assert_matches_ar(target, [5, 6, 7, 8, 9, 10], "auto", 40, sampling=sampling, seed=3,
+    res = assert_matches_ar(target, [5, 6, 7, 8, 9, 10], "auto", 64, sampling=sampling, seed=3,
                             draft_model=target)
     drafted = res.stats["sources"]["draft_model"]
-    assert drafted["verified"] > 0
-    assert drafted["accepted"] == drafted["verified"]
+    assert drafted["accepted"] > 0
+    # every draft is the text but those of a last chain cut short by max_new_tokens
+    assert drafted["verified"] - drafted["accepted"] <= DRAFT_MODEL_BUDGET.chain
 
 
 @pytest.mark.skipif(not int4_mm(), reason="a draft vocabulary takes longspec::int4_mm's tiles")
