@@ -10,13 +10,13 @@ tokens and the other methods are compared with it over those (the first tokens o
 depend on its length: DESIGN.md), which keeps a 32K-token run of one method affordable.
 
     python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 8192 --methods ar,auto
-    python benchmarks/long_bench.py --model qwen-coder-1.5b --draft-model qwen-coder-0.5b \
+    python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 32700 --methods auto \\
+        --check-tokens 8192
+    python benchmarks/long_bench.py --model qwen-coder-1.5b --draft-model qwen-coder-0.5b \\
         --new-tokens 8192 --methods ar,auto,auto@draft,draft
 
 A method ending in `@draft` runs with --draft-model (`auto@draft`: `auto` with the draft model's
 chains among its sources).
-    python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 32700 --methods auto \\
-        --check-tokens 8192
 
 With --llama-speculative BIN (llama.cpp's `llama-speculative-simple`, built from the sources
 that llama-cpp-python's source distribution carries: BENCHMARKS.md), one more row: llama.cpp's

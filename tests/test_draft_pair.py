@@ -1,8 +1,8 @@
 """A target and a draft model as GGUF files of the Qwen2 family (the 1.5B and 0.5B pair in
 small): sharing a tokenizer, `draft` and `triforce` write exactly what plain decoding writes,
 the draft over its whole vocabulary or part of it, and so does `auto` with the draft model's
-chains among its sources; a draft with another vocabulary, or another
-tokenizer of the same size, is refused."""
+chains among its sources; a draft with another vocabulary, or another tokenizer of the same
+size, is refused."""
 
 import pytest
 import torch
