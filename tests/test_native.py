@@ -196,14 +196,17 @@ def test_the_attention_operator_is_attention(d):
 @pytest.mark.unit
 @pytest.mark.parametrize("d", [48, 64, 128])
 @pytest.mark.parametrize("start", [299, 300])
-def test_the_attention_operators_tree_rows_equal_their_paths_alone(d, start):
+@pytest.mark.parametrize("group", [3, 6])
+def test_the_attention_operators_tree_rows_equal_their_paths_alone(d, start, group):
     """Each row of a tree is bitwise its path run alone as one query over the same keys, for a
-    block that starts on an odd slot and an even one (the loops may sum keys two at a time)."""
+    block that starts on an odd slot and an even one (the loops may sum keys two at a time), with
+    3 and 6 query heads a key head (the loops sum a head's rows with the values in blocks of 3, 4
+    or 6 rows)."""
     g = torch.Generator().manual_seed(0)
     parents = [-1, 0, 0, 1, 2, 3, 3]
     keys, values = (torch.randn(2, start + len(parents), d, generator=g).bfloat16()
                     for _ in range(2))
-    q = torch.randn(len(parents), 6, d, generator=g).bfloat16()
+    q = torch.randn(len(parents), 2 * group, d, generator=g).bfloat16()
     mask = TreeShape(parents, torch.device("cpu")).mask(torch.bfloat16)
     out = torch.ops.longspec.attention(q, keys, values, start, mask, block_order(mask),
                                        d ** -0.5)

@@ -414,12 +414,12 @@ constexpr int64_t COLUMNS = 64;
 constexpr int64_t COLUMNS = 16;
 #endif
 
-// acc (4 rows of d) += p * v over keys [j0, j1), in order, for 4 rows of probabilities `p`
+// acc (R rows of d) += p * v over keys [j0, j1), in order, for R rows of probabilities `p`
 // (`stride` apart, all readable: rows past a head's last are summed and dropped), skipping
 // p == 0; D as for score_keys. With D known, COLUMNS columns at a time stay in registers over
-// all the keys (each element's sum still runs over the keys in order: the same operations as
-// add_scaled's).
-template <int64_t D>
+// all the keys, each value read once for the R rows (each element's sum still runs over the keys
+// in order: the same operations as add_scaled's).
+template <int64_t D, int R>
 void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64_t stride,
                      Slots slots, int64_t j0, int64_t j1, int64_t d) {
   const at::BFloat16* __restrict__ values = slots.data;
@@ -427,33 +427,40 @@ void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64
   if constexpr (D % COLUMNS == 0 && D > 0) {
     constexpr int64_t V = COLUMNS / LANES;
     for (int64_t c = 0; c < D; c += COLUMNS) {
-      Lanes a[4][V];
-      for (int r = 0; r < 4; ++r)
+      Lanes a[R][V];
+      for (int r = 0; r < R; ++r)
         for (int64_t i = 0; i < V; ++i) a[r][i] = load_lanes(acc + r * D + c + i * LANES);
       for (int64_t j = j0; j < j1; ++j) {
-        const float w[4] = {p[j], p[stride + j], p[2 * stride + j], p[3 * stride + j]};
+        float w[R];
+        bool all = true;
+        for (int r = 0; r < R; ++r) {
+          w[r] = p[r * stride + j];
+          all = all && w[r] != 0.0f;
+        }
         const at::BFloat16* v = values + j * vs + c;
-        if (w[0] != 0.0f && w[1] != 0.0f && w[2] != 0.0f && w[3] != 0.0f) {
-          const Lanes b[4] = {broadcast(w[0]), broadcast(w[1]), broadcast(w[2]), broadcast(w[3])};
+        if (all) {
+          Lanes b[R];
+          for (int r = 0; r < R; ++r) b[r] = broadcast(w[r]);
           for (int64_t i = 0; i < V; ++i) {
             Lanes value = load_lanes(v + i * LANES);
-            for (int r = 0; r < 4; ++r) a[r][i] = fma(b[r], value, a[r][i]);
+            for (int r = 0; r < R; ++r) a[r][i] = fma(b[r], value, a[r][i]);
           }
         } else {
           for (int64_t i = 0; i < V; ++i) {
             Lanes value = load_lanes(v + i * LANES);
-            for (int r = 0; r < 4; ++r)
+            for (int r = 0; r < R; ++r)
               if (w[r] != 0.0f) a[r][i] = fma(broadcast(w[r]), value, a[r][i]);
           }
         }
       }
-      for (int r = 0; r < 4; ++r)
+      for (int r = 0; r < R; ++r)
         for (int64_t i = 0; i < V; ++i) store_lanes(acc + r * D + c + i * LANES, a[r][i]);
     }
   } else {
     for (int64_t j = j0; j < j1; ++j) {
-      const float w[4] = {p[j], p[stride + j], p[2 * stride + j], p[3 * stride + j]};
-      add_scaled<4>(acc, w, values + j * vs, D ? D : d);
+      float w[R];
+      for (int r = 0; r < R; ++r) w[r] = p[r * stride + j];
+      add_scaled<R>(acc, w, values + j * vs, D ? D : d);
     }
   }
 }
@@ -529,36 +536,36 @@ void accumulate_row(float* acc, const Probability* p, const at::BFloat16* values
   }
 }
 
-// acc (4 rows of d) += p * v over keys [j0, j1) (j0 even), for 4 rows of probabilities `p`
+// acc (R rows of d) += p * v over keys [j0, j1) (j0 even), for R rows of probabilities `p`
 // (`stride` apart, all readable: rows past a head's last are summed and dropped): each row's
 // operations are accumulate_row's; D as for score_keys. With D a multiple of 64, 64 columns at a
-// time stay in registers over all the keys, and a pair of keys is interleaved once for 4 rows.
-template <int64_t D>
+// time stay in registers over all the keys, and a pair of keys is interleaved once for R rows.
+template <int64_t D, int R>
 void accumulate_keys(float* __restrict__ acc, const Probability* __restrict__ p, int64_t stride,
                      Slots slots, int64_t j0, int64_t j1, int64_t d) {
   if constexpr (D > 0 && D % 64 == 0) {
     for (int64_t c = 0; c < D; c += 64) {
-      __m512 a[4][4];
-      for (int r = 0; r < 4; ++r)
+      __m512 a[R][4];
+      for (int r = 0; r < R; ++r)
         for (int i = 0; i < 4; ++i) a[r][i] = _mm512_loadu_ps(acc + r * D + c + 16 * i);
       for (int64_t j = j0; j < j1; j += 2) {
         const bool both = j + 1 < j1;
-        uint32_t w[4];
-        for (int r = 0; r < 4; ++r) w[r] = pair_of(p + r * stride + j, both);
-        if ((w[0] | w[1] | w[2] | w[3]) == 0) continue;
+        uint32_t w[R], any = 0;
+        for (int r = 0; r < R; ++r) any |= w[r] = pair_of(p + r * stride + j, both);
+        if (any == 0) continue;
         const at::BFloat16* v = slots.data + j * slots.stride + c;
         __m512i operand[4];
         pair_columns(v, both ? v + slots.stride : nullptr, operand);
         pair_columns(v + 32, both ? v + slots.stride + 32 : nullptr, operand + 2);
-        for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < R; ++r)
           for (int i = 0; i < 4; ++i)
             a[r][i] = _mm512_dpbf16_ps(a[r][i], (__m512bh)operand[i], weights(w[r]));
       }
-      for (int r = 0; r < 4; ++r)
+      for (int r = 0; r < R; ++r)
         for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * D + c + 16 * i, a[r][i]);
     }
   } else {
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < R; ++r)
       accumulate_row(acc + r * d, p + r * stride, slots.data, slots.stride,
                      [](int64_t j) { return j; }, j0, j1, d);
   }
@@ -566,7 +573,26 @@ void accumulate_keys(float* __restrict__ acc, const Probability* __restrict__ p,
 #endif
 
 using ScoreKeys = decltype(&score_keys<0>);
-using AccumulateKeys = decltype(&accumulate_keys<0>);
+using AccumulateKeys = decltype(&accumulate_keys<0, 4>);
+
+template <int R>
+AccumulateKeys accumulate_for(int64_t d) {
+  return d == 64 ? accumulate_keys<64, R> : d == 128 ? accumulate_keys<128, R>
+                                                     : accumulate_keys<0, R>;
+}
+
+// The rows of a head summed with the values at once: all of them where they are 3 or 6 (a
+// token's query heads a key head in SmolLM2 and Qwen2.5-1.5B; 4 would add zero rows), with
+// AVX-512's bfloat16 dot products 6 for any multiple of 6 too, else 4 (measured: more rows than 4
+// are slower in the float loops' registers).
+#if defined(__AVX512BF16__)
+constexpr bool SIXES = true;
+#else
+constexpr bool SIXES = false;
+#endif
+int64_t row_block(int64_t rows) {
+  return rows == 3 || rows == 6 ? rows : SIXES && rows % 6 == 0 ? 6 : 4;
+}
 
 // keys to a tile: a tile's keys are read from memory once for all the rows of a head
 constexpr int64_t TILE = 64;
@@ -615,9 +641,10 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   float* ps = s.data_ptr<float>();
   float scalef = static_cast<float>(scale);
   ScoreKeys score = d == 64 ? score_keys<64> : d == 128 ? score_keys<128> : score_keys<0>;
-  AccumulateKeys accumulate = d == 64    ? accumulate_keys<64>
-                              : d == 128 ? accumulate_keys<128>
-                                         : accumulate_keys<0>;
+  const int64_t block = row_block(rows);
+  AccumulateKeys accumulate = block == 3   ? accumulate_for<3>(d)
+                              : block == 6 ? accumulate_for<6>(d)
+                                           : accumulate_for<4>(d);
   // scores of the slots outside the block, a (head, tile) at a time
   at::parallel_for(0, kv_heads * tiles, 1, [&](int64_t first, int64_t last) {
     for (int64_t unit = first; unit < last; ++unit) {
@@ -666,15 +693,15 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   if constexpr (!std::is_same_v<Probability, float>)
     taken = scratch(3, p.sizes(), at::kBFloat16).copy_(p);
   const Probability* pp = taken.const_data_ptr<Probability>();
-  // each chunk's partial outputs, a (head, chunk, four rows) at a time; then their pairwise sum
-  int64_t chunks = padded / CHUNK, blocks = (rows + 3) / 4;
+  // each chunk's partial outputs, a (head, chunk, row block) at a time; then their pairwise sum
+  int64_t chunks = padded / CHUNK, blocks = (rows + block - 1) / block;
   Tensor partials = scratch(2, {kv_heads, chunks, rows, d});
   float* pout = partials.data_ptr<float>();
   at::parallel_for(0, kv_heads * chunks * blocks, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> acc(4 * d);
+    std::vector<float> acc(block * d);
     for (int64_t unit = first; unit < last; ++unit) {
       int64_t h = unit / (chunks * blocks), chunk = unit / blocks % chunks;
-      int64_t r0 = h * rows + unit % blocks * 4, r1 = std::min(r0 + 4, (h + 1) * rows);
+      int64_t r0 = h * rows + unit % blocks * block, r1 = std::min(r0 + block, (h + 1) * rows);
       const at::BFloat16* values = pv + h * value_buf.stride(0);
       std::fill(acc.begin(), acc.end(), 0.0f);
       int64_t c0 = chunk * CHUNK, c1 = std::min((chunk + 1) * CHUNK, n);
