@@ -59,7 +59,8 @@ PROMPTS = [
     "propagation, plant by plant."),
 ]
 SETTINGS = {"greedy": longspec.SamplingConfig(temperature=0),
-            "t07": longspec.SamplingConfig(temperature=0.7, top_p=0.9)}
+            "t07": longspec.SamplingConfig(temperature=0.7, top_p=0.9),
+            "t1": longspec.SamplingConfig(temperature=1.0)}   # the server's default
 
 
 def run_one(model, draft, peers, method: str, prompt_ids: list[int], n: int, sampling,

@@ -24,13 +24,15 @@ _MASK64 = (1 << 64) - 1
 _MULT = 0x045D9F3B          # odd, below 2^31: products of 32-bit values fit in int64
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A bijective 32-bit integer hash of int64 tensors holding values in [0, 2^32)."""
-    x = x ^ (x >> 16)
-    x = (x * _MULT) & _MASK32
-    x = x ^ (x >> 16)
-    x = (x * _MULT) & _MASK32
-    return x ^ (x >> 16)
+def _mix32(x):
+    """A bijective 32-bit integer hash of a Python int or an int64 tensor holding values in
+    [0, 2^32); a tensor is hashed in place (a fresh one per operation costs as much again)."""
+    for _ in range(2):
+        x ^= x >> 16
+        x *= _MULT
+        x &= _MASK32
+    x ^= x >> 16
+    return x
 
 
 def splitmix64(z: int) -> int:
@@ -51,15 +53,32 @@ def noise_key(seed: int, prompt_ids: list[int]) -> int:
     return splitmix64((seed & _MASK64) ^ splitmix64(prompt_hash(prompt_ids)))
 
 
+def _position_hash(key: int, position):
+    """The per-position part of H: (p, q) for a position (a Python int, or an int64 tensor)."""
+    lo, hi = key & _MASK32, key >> 32
+    p = _mix32(_mix32((position & _MASK32) ^ lo) ^ hi)
+    return p, _mix32(p ^ 0x5BD1E995)
+
+
+# Up to this many positions, their hashes are computed as Python ints (tensors of a few entries
+# cost ~5 us an operation, 27 of them)
+FEW_POSITIONS = 64
+
+
 def gumbel_at(key: int, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """g_t[v] (float32) for absolute positions t and token ids v broadcast against each other:
     an entry's value does not depend on which others are computed with it."""
-    lo, hi = key & _MASK32, key >> 32
-    p = _mix32(_mix32((positions.to(torch.int64) & _MASK32) ^ lo) ^ hi)
-    q = _mix32(p ^ 0x5BD1E995)
-    h = _mix32((_mix32(tokens.to(torch.int64) ^ p) + q) & _MASK32)
-    u = (h.double() + 0.5) * 2.0**-32
-    return (-torch.log(-torch.log(u))).float()
+    positions = positions.to(torch.int64)
+    if 0 < positions.numel() <= FEW_POSITIONS:
+        pairs = [_position_hash(key, t) for t in positions.reshape(-1).tolist()]
+        p, q = (torch.tensor(list(part), dtype=torch.int64, device=positions.device)
+                .reshape(positions.shape) for part in zip(*pairs))
+    else:
+        p, q = _position_hash(key, positions)
+    h = tokens.to(torch.int64) ^ p
+    h = _mix32(_mix32(h).add_(q).bitwise_and_(_MASK32))
+    u = h.double().add_(0.5).mul_(2.0**-32)
+    return u.log_().neg_().log_().neg_().float()
 
 
 def gumbel_rows(key: int, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -99,9 +118,10 @@ class PositionNoise:
         `columns` (token ids [c]) the scores [m, c] are of those tokens."""
         if columns is not None:
             return scores + self._dense(positions)[:, columns]
-        rows, tokens = (scores != float("-inf")).nonzero(as_tuple=True)
-        if len(rows) >= SPARSE_FRACTION * scores.numel():
+        finite = scores != float("-inf")       # counted first: a fifth of the cost of listing
+        if int(finite.sum()) >= SPARSE_FRACTION * scores.numel():
             return scores + self._dense(positions)
+        rows, tokens = finite.nonzero(as_tuple=True)
         noisy = scores.clone()
         noisy[rows, tokens] += gumbel_at(self.key, positions[rows], tokens)
         return noisy

@@ -112,6 +112,18 @@ def test_noise_rows_are_uniform_gumbel_and_independent_across_prompts():
     assert torch.corrcoef(torch.stack([rows.flatten(), other.flatten()]))[0, 1].abs() < 0.01
 
 
+def test_noise_values_are_those_of_its_definition():
+    # pinned values: a change to the noise changes every sampled text of a seed and prompt
+    key = noise_key(3, [1, 2, 3])
+    assert key == 4630493637225032240
+    expected = [float.fromhex(h) for h in ("0x1.14ac14p+0", "0x1.8bdd4ap-2", "0x1.773982p+0",
+                                           "0x1.0e46a4p-2")]
+    positions, tokens = torch.tensor([0, 7, 4095, 10**6]), torch.tensor([0, 151935, 42, 49151])
+    for repeat in (1, 20):            # positions hashed as Python ints, then as a tensor
+        g = gumbel_at(key, positions.repeat(repeat), tokens.repeat(repeat))
+        assert g[:4].tolist() == expected
+
+
 def test_noise_is_the_same_for_any_batch_of_positions():
     key = noise_key(3, [1])
     together = gumbel_rows(key, torch.tensor([4, 9, 2]), 500)
