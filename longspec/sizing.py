@@ -54,6 +54,7 @@ class StepCost:
         self.sizes = [n for n in SIZES if n < max_nodes] + [max_nodes]
         self.seconds: list[float] = []     # of the first len(seconds) sizes
         self.context = 0
+        self.measuring_s = 0.0             # seconds spent measuring, all told
         self._measure: Callable[[int], float] | None = None
 
     def refresh(self, context: int, measure: Callable[[int], float]) -> None:
@@ -75,6 +76,7 @@ class StepCost:
         while len(self.seconds) < len(self.sizes) and self.measured < n:
             size = self.sizes[len(self.seconds)]
             t = self._measure(size)
+            self.measuring_s += t
             self.seconds.append(max(t, self.seconds[-1]) if self.seconds else t)  # never cheaper
 
     def observe(self, n: int, seconds: float) -> None:

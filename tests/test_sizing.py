@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from longspec.drafters.auto import StepRates
 from longspec.sizing import Calibration, Sizer, StepCost
 from longspec.tree import DraftTree
 
@@ -124,3 +125,32 @@ def test_a_source_whose_first_drafts_all_failed_is_tested_again():
             accepted.append(len(accepted))
         s.record(chosen, accepted)
     assert s.choose(tree, 0.001, 16).n > 4
+
+
+def test_the_time_spent_measuring_is_counted():
+    s, _, _ = sizer(16)
+    s.cost(4)
+    assert s.cost.measuring_s == pytest.approx(0.025 + 0.03 + 0.04)
+
+
+def test_auto_takes_plain_steps_where_drafting_does_not_pay_and_retries_it():
+    gate = StepRates(retried=(True,))
+    taken = []
+    for _ in range(40):
+        arm = gate.choose()
+        taken.append(arm)
+        # drafting: 1.1 tokens in 1.2 plain steps' time
+        gate.record(arm, 1.1 if arm else 1, 1.2 if arm else 1.0)
+    assert taken[:2] == [True, False]        # each arm measured first
+    drafted = [i for i, arm in enumerate(taken) if arm]
+    assert drafted == [0, 17, 34]            # then plain, drafting again after 16 plain steps
+
+
+def test_auto_never_forces_a_plain_step_where_drafting_pays():
+    gate = StepRates(retried=(True,))
+    taken = []
+    for _ in range(60):
+        arm = gate.choose()
+        taken.append(arm)
+        gate.record(arm, 2.5 if arm else 1, 1.3 if arm else 1.0)
+    assert taken.count(False) == 1           # the one that measured it

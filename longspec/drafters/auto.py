@@ -8,7 +8,8 @@ heads=), and a draft model's chain, when one is given (draft_model=), as long as
 measure faster with them than without (StepRates). Each node keeps the source whose estimate
 was best; the engine calibrates each source's estimates from what the target accepts and
 verifies the prefix of the trie that pays most (sizing.py), so a source that guesses badly on
-this text is simply cut away.
+this text is simply cut away. Where no source pays at all (sampling at T=1 without a filter),
+drafting itself is measured against plain steps and left out while it loses (StepRates).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 
 from ..heads import store
-from ..sizing import calibration
+from ..sizing import calibration, step_cost
 from ..tree import CANDIDATES, DraftTree, TrieBuilder
 from .base import Budget, Drafter
 from .draft_model import SPEC as DRAFT_SPEC
@@ -41,24 +42,25 @@ DRAFT_MODEL_BUDGET = DRAFT_SPEC.budget   # the draft model's chain within it (`d
 # forward when they next draft.
 MODELS_BELOW = 0.3
 RATE_SMOOTHING = 0.1    # weight of a step in its arm's running tokens and seconds (StepRates)
-EXPLORE_EVERY = 16      # unsure steps after which the arm not chosen is tried again
+EXPLORE_EVERY = 16      # steps after which the arm not chosen is tried again (StepRates)
 
 
 class StepRates:
-    """Which pays in the steps where the suffix matches are unsure: drafting with the sources
-    that run a model (arm True) or without them (False), as measured: each arm's new tokens
-    over its seconds (drafting, verifying, choosing), both decayed so that they follow the
-    text. The faster arm is chosen; the other is tried again every EXPLORE_EVERY unsure
-    steps, and each is tried first while it has no measure."""
+    """Which of two ways of taking a step pays (arms True and False), as measured: each arm's
+    new tokens over its seconds (drafting, verifying, choosing), both decayed so that they follow
+    the text. The faster arm is chosen; an arm in `retried` is tried again after EXPLORE_EVERY
+    steps without it, and each is tried first while it has no measure."""
 
-    def __init__(self):
+    def __init__(self, retried: tuple[bool, ...] = (True, False)):
+        self.retried = retried
         self.tokens = {True: 0.0, False: 0.0}
         self.seconds = {True: 0.0, False: 0.0}
-        self.waited = {True: 0, False: 0}    # unsure steps since the arm was last taken
+        self.waited = {True: 0, False: 0}    # steps since the arm was last taken
 
     def choose(self) -> bool:
         for arm in (True, False):
-            if self.seconds[arm] == 0 or self.waited[arm] >= EXPLORE_EVERY:
+            if self.seconds[arm] == 0 or (arm in self.retried
+                                          and self.waited[arm] >= EXPLORE_EVERY):
                 return arm
         return self.tokens[True] * self.seconds[False] >= self.tokens[False] * self.seconds[True]
 
@@ -79,6 +81,7 @@ class AutoDrafter(Drafter):
         for the model, when there is; `draft_model`: a draft model, or None, and `capacity`
         the slots its KV cache needs."""
         self.device = model.device
+        self.model = model
         self.trust = calibration(model, SPEC_NAME, sampler.config)
         self.suffix = SuffixDrafter(model, model.device)
         self.recycling = RecyclingDrafter(model)
@@ -91,7 +94,12 @@ class AutoDrafter(Drafter):
                             DraftModelDrafter(model, draft_model, sampler, capacity, context,
                                               method=SPEC_NAME))
         self.needs_hidden = self.eagle is not None
-        self.rates = StepRates()
+        # drafting at all (True) or a plain step (False): where no draft pays (sampling at T=1
+        # without a filter: `auto` ran 0.90-0.97x `ar` drafting every step), plain steps, with
+        # a drafting step every EXPLORE_EVERY; where drafts pay, never a forced plain step
+        self.gate = StepRates(retried=(True,))
+        self.rates = StepRates()     # in unsure steps: with the sources that run a model or not
+        self.drafting, self.started, self.measuring = True, 0.0, 0.0
         self.step: tuple[bool, float] | None = None  # an unsure step's arm and start
         self.verified = [0] * len(SOURCES)
         self.accepted = [0] * len(SOURCES)
@@ -107,11 +115,16 @@ class AutoDrafter(Drafter):
             self.eagle.observe_prefill(tokens, out)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        started = time.perf_counter()
+        started = self.started = time.perf_counter()
+        self.cost = step_cost(self.model, budget.max_nodes)
+        self.measuring = self.cost.measuring_s
         trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
+        self.drafting = self.gate.choose()
+        self.step = None
+        if not self.drafting:
+            return trie.build(self.device)           # the root alone: a plain step
         self.suffix.add_drafts(trie, committed, budget)
         models = self.eagle is not None or self.draft_model is not None
-        self.step = None
         if models and self.suffix_chance(trie) < MODELS_BELOW:
             self.step = (self.rates.choose(), started)
         if self.step is not None and self.step[0]:
@@ -132,9 +145,12 @@ class AutoDrafter(Drafter):
                     for i in range(1, len(trie.tokens)) if trie.depths[i] == 1), default=0.0)
 
     def observe(self, tree, target_out, verdict) -> None:
+        now = time.perf_counter()
+        measuring = self.cost.measuring_s - self.measuring    # the sizer's timings: not a step's
+        self.gate.record(self.drafting, len(verdict.tokens), now - self.started - measuring)
         if self.step is not None:
             arm, started = self.step
-            self.rates.record(arm, len(verdict.tokens), time.perf_counter() - started)
+            self.rates.record(arm, len(verdict.tokens), now - started)
         self.recycling.observe(tree, target_out, verdict)
         if self.eagle is not None:
             self.eagle.observe(tree, target_out, verdict)
