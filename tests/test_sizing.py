@@ -133,24 +133,24 @@ def test_the_time_spent_measuring_is_counted():
     assert s.cost.measuring_s == pytest.approx(0.025 + 0.03 + 0.04)
 
 
-def test_auto_takes_plain_steps_where_drafting_does_not_pay_and_retries_it():
+def arms_taken(steps: int, tokens: float, seconds: float) -> list[bool]:
+    """The arms `auto`'s gate takes when a drafting step writes `tokens` in `seconds` (in plain
+    steps' time) and a plain step writes 1."""
     gate = StepRates(retried=(True,))
     taken = []
-    for _ in range(40):
+    for _ in range(steps):
         arm = gate.choose()
         taken.append(arm)
-        # drafting: 1.1 tokens in 1.2 plain steps' time
-        gate.record(arm, 1.1 if arm else 1, 1.2 if arm else 1.0)
+        gate.record(arm, tokens if arm else 1, seconds if arm else 1.0)
+    return taken
+
+
+def test_auto_takes_plain_steps_where_drafting_does_not_pay_and_retries_it():
+    taken = arms_taken(40, 1.1, 1.2)
     assert taken[:2] == [True, False]        # each arm measured first
     drafted = [i for i, arm in enumerate(taken) if arm]
     assert drafted == [0, 17, 34]            # then plain, drafting again after 16 plain steps
 
 
 def test_auto_never_forces_a_plain_step_where_drafting_pays():
-    gate = StepRates(retried=(True,))
-    taken = []
-    for _ in range(60):
-        arm = gate.choose()
-        taken.append(arm)
-        gate.record(arm, 2.5 if arm else 1, 1.3 if arm else 1.0)
-    assert taken.count(False) == 1           # the one that measured it
+    assert arms_taken(60, 2.5, 1.3).count(False) == 1     # the one that measured it

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from ..heads import store
-from ..sizing import calibration, step_cost
+from ..sizing import StepCost, calibration, step_cost
 from ..tree import CANDIDATES, DraftTree, TrieBuilder
 from .base import Budget, Drafter
 from .draft_model import SPEC as DRAFT_SPEC
@@ -100,6 +100,7 @@ class AutoDrafter(Drafter):
         self.gate = StepRates(retried=(True,))
         self.rates = StepRates()     # in unsure steps: with the sources that run a model or not
         self.drafting, self.started, self.measuring = True, 0.0, 0.0
+        self.cost: StepCost | None = None          # the target's step costs, for their timings
         self.step: tuple[bool, float] | None = None  # an unsure step's arm and start
         self.verified = [0] * len(SOURCES)
         self.accepted = [0] * len(SOURCES)
@@ -116,7 +117,8 @@ class AutoDrafter(Drafter):
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         started = self.started = time.perf_counter()
-        self.cost = step_cost(self.model, budget.max_nodes)
+        if self.cost is None:
+            self.cost = step_cost(self.model, budget.max_nodes)
         self.measuring = self.cost.measuring_s
         trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
         self.drafting = self.gate.choose()
