@@ -6,7 +6,10 @@ import random
 import pytest
 import torch
 
-from longspec.drafters.auto import StepRates
+from longspec.drafters.auto import AutoDrafter, StepRates
+from longspec.drafters.base import Budget
+from longspec.sampler import Sampler
+from longspec.sampling import SamplingConfig
 from longspec.sizing import Calibration, Sizer, StepCost
 from longspec.tree import DraftTree
 
@@ -154,3 +157,19 @@ def test_auto_takes_plain_steps_where_drafting_does_not_pay_and_retries_it():
 
 def test_auto_never_forces_a_plain_step_where_drafting_pays():
     assert arms_taken(60, 2.5, 1.3).count(False) == 1     # the one that measured it
+
+
+
+def step_told_plain(model, text: list[int]) -> int:
+    """The nodes of `auto`'s step after `text` when its gate says to take a plain one."""
+    drafter = AutoDrafter(model, Sampler(SamplingConfig(temperature=0), 0, text, 300, CPU), None,
+                          context=256)
+    drafter.gate.choose = lambda: False
+    drafter.prefill(text, None)
+    return drafter.propose(text, Budget(8, 4)).n
+
+
+def test_auto_drafts_where_the_suffix_matches_are_sure_though_its_gate_says_plain(tiny_model):
+    """A stretch where the text repeats is drafted at once, not at the gate's next retry."""
+    assert step_told_plain(tiny_model, [5, 6, 7, 8] * 12) > 1
+    assert step_told_plain(tiny_model, list(range(40, 88))) == 1     # no match: a plain step

@@ -9,7 +9,8 @@ measure faster with them than without (StepRates). Each node keeps the source wh
 was best; the engine calibrates each source's estimates from what the target accepts and
 verifies the prefix of the trie that pays most (sizing.py), so a source that guesses badly on
 this text is simply cut away. Where no source pays at all (sampling at T=1 without a filter),
-drafting itself is measured against plain steps and left out while it loses (StepRates).
+drafting itself is measured against plain steps and left out while it loses (StepRates), except
+in steps where the suffix matches are sure of the next token (SURE_SUFFIX).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ DRAFT_MODEL_BUDGET = DRAFT_SPEC.budget   # the draft model's chain within it (`d
 MODELS_BELOW = 0.3
 RATE_SMOOTHING = 0.1    # weight of a step in its arm's running tokens and seconds (StepRates)
 EXPLORE_EVERY = 16      # steps after which the arm not chosen is tried again (StepRates)
+# A step the gate would take plain drafts anyway where the suffix matches' likeliest next token
+# has at least this calibrated chance (their lookup costs ~0.06 ms): drafts pay in stretches
+# where the text repeats, which a drafting step every EXPLORE_EVERY finds late.
+SURE_SUFFIX = 0.5
 
 
 class StepRates:
@@ -121,11 +126,11 @@ class AutoDrafter(Drafter):
             self.cost = step_cost(self.model, budget.max_nodes)
         self.measuring = self.cost.measuring_s
         trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
-        self.drafting = self.gate.choose()
         self.step = None
-        if not self.drafting:
-            return trie.build(self.device)           # the root alone: a plain step
         self.suffix.add_drafts(trie, committed, budget)
+        self.drafting = self.gate.choose() or self.suffix_chance(trie) >= SURE_SUFFIX
+        if not self.drafting:                        # the root alone: a plain step
+            return TrieBuilder(committed[-1], 1, budget.max_depth).build(self.device)
         models = self.eagle is not None or self.draft_model is not None
         if models and self.suffix_chance(trie) < MODELS_BELOW:
             self.step = (self.rates.choose(), started)
