@@ -159,7 +159,6 @@ def test_auto_never_forces_a_plain_step_where_drafting_pays():
     assert arms_taken(60, 2.5, 1.3).count(False) == 1     # the one that measured it
 
 
-
 def step_told_plain(model, text: list[int]) -> int:
     """The nodes of `auto`'s step after `text` when its gate says to take a plain one."""
     drafter = AutoDrafter(model, Sampler(SamplingConfig(temperature=0), 0, text, 300, CPU), None,
