@@ -128,11 +128,12 @@ class AutoDrafter(Drafter):
         trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
         self.step = None
         self.suffix.add_drafts(trie, committed, budget)
-        self.drafting = self.gate.choose() or self.suffix_chance(trie) >= SURE_SUFFIX
+        sure = self.suffix_chance(trie)
+        self.drafting = self.gate.choose() or sure >= SURE_SUFFIX
         if not self.drafting:                        # the root alone: a plain step
             return TrieBuilder(committed[-1], 1, budget.max_depth).build(self.device)
         models = self.eagle is not None or self.draft_model is not None
-        if models and self.suffix_chance(trie) < MODELS_BELOW:
+        if models and sure < MODELS_BELOW:
             self.step = (self.rates.choose(), started)
         if self.step is not None and self.step[0]:
             if self.eagle is not None:
