@@ -16,7 +16,14 @@ depend on its length: DESIGN.md), which keeps a 32K-token run of one method affo
         --new-tokens 8192 --methods ar,auto,auto@draft,draft
 
 A method ending in `@draft` runs with --draft-model (`auto@draft`: `auto` with the draft model's
-chains among its sources).
+chains among its sources). One ending in `@again` runs right after the runs before it without
+clearing the model's state: its suffix index holds their output, which for an exact method is
+the same answer, so it drafts the answer itself, with its sizing as the earlier run left it.
+`auto@again` after `auto` is the ceiling of speculation on the machine: what any drafter
+could reach with `auto`'s trees.
+
+    python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 8192 \\
+        --methods ar,auto,auto@again
 
 With --llama-speculative BIN (llama.cpp's `llama-speculative-simple`, built from the sources
 that llama-cpp-python's source distribution carries: BENCHMARKS.md), one more row: llama.cpp's
@@ -55,7 +62,9 @@ def kv_bytes(model, positions: int) -> int:
 
 
 def run(model, draft, method: str, ids: list[int], n: int, sampling, segment: int) -> dict:
-    model.state.clear()
+    method, again = method.removesuffix("@again"), method.endswith("@again")
+    if not again:
+        model.state.clear()
     method, with_draft = method.removesuffix("@draft"), method.endswith("@draft")
     entry = parse_entry(method, {})
     with_draft = with_draft or METHODS[entry.method].needs_draft_model
