@@ -15,10 +15,16 @@ import longspec
 from longspec.cli import main
 from longspec.drafters.eagle import EagleDrafter
 from longspec.heads import load_eagle
+from longspec.heads import train as train_module
 from longspec.heads.data import TargetFeatures, chat_stream, chat_tokens, data_files
 from longspec.heads.eagle import PRODUCTS, EagleDrafterNet, FeatureCache
 from longspec.heads.objectives import eagle_losses, implied_length
-from longspec.heads.train import DrafterTraining, train_drafter, training_data
+from longspec.heads.train import (
+    DrafterTraining,
+    train_drafter,
+    training_data,
+    training_precision,
+)
 from longspec.models.compiled import int4_mm
 from longspec.models.linear import DenseLinear, Int4Linear
 
@@ -59,6 +65,29 @@ def test_interrupted_training_continues_to_the_same_weights(tiny_model, text_fil
     assert rest["held_out_loss_after"] == whole["held_out_loss_after"]
     a, b = weights(tmp_path / "whole", kind), weights(tmp_path / "part", kind)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_training_in_bfloat16_learns_and_says_so(tiny_model, text_file, tmp_path):
+    cfg = DrafterTraining(kind="eagle", steps=12, lr=1e-2, precision="bfloat16", **TINY)
+    record = train_drafter(tiny_model, [text_file], cfg, out=tmp_path, progress=False)
+    assert record["held_out_loss_after"] < record["held_out_loss_before"] - 0.1
+    assert record["training"]["precision"] == "bfloat16"
+    # a checkpoint of one precision is not continued in another
+    train_drafter(tiny_model, [text_file], replace(cfg, steps=4), out=tmp_path / "part",
+                  progress=False, stop_after=1)
+    with pytest.raises(ValueError, match="checkpoint of another training.*precision"):
+        train_drafter(tiny_model, [text_file], replace(cfg, steps=4, precision="float32"),
+                      out=tmp_path / "part", progress=False)
+
+
+@pytest.mark.parametrize(("isa", "expected"), [("AVX2", "float32"), ("AVX512", "float32"),
+                                               ("AVX512_BF16", "bfloat16"), ("AMX", "bfloat16")])
+def test_auto_precision_is_bfloat16_where_the_cpu_multiplies_it(monkeypatch, isa, expected):
+    monkeypatch.setattr(train_module, "cpu_isa", lambda: isa)
+    assert training_precision("auto", torch.device("cpu")) == expected
+    assert training_precision("float32", torch.device("cpu")) == "float32"
+    with pytest.raises(ValueError, match="precision must be one of auto, float32, bfloat16"):
+        DrafterTraining(precision="fp8").validate()
 
 
 def test_checkpoint_of_other_settings_is_refused(tiny_model, text_file, tmp_path):

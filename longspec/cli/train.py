@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..heads.store import KINDS
-from ..heads.train import LR, TARGETS, DrafterTraining, report_drafter
+from ..heads.train import LR, PRECISIONS, TARGETS, DrafterTraining, report_drafter
 from .flags import load_from_args, model_flags, sampling_flags, sampling_from_args
 
 
@@ -47,6 +47,10 @@ def _drafter_flags(p, kind: str | None) -> None:
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, metavar="K",
                    help="eagle: unroll the drafter K steps over its own guesses in training "
                         "(training-time test)")
+    p.add_argument("--precision", choices=PRECISIONS, default=d.precision,
+                   help="the drafter's products in training: bfloat16 (autocast; weights and "
+                        "optimizer in float32) or float32; auto: bfloat16 where the CPU has "
+                        "bfloat16 dot products (AVX512_BF16, AMX) or on CUDA")
     p.add_argument("--report", action="store_true",
                    help="eagle: train nothing; print the held-out acceptance per depth of the "
                         "drafter in --out on this data")
@@ -100,7 +104,7 @@ def run_train_drafter(args) -> int:
                           draft_vocab=args.draft_vocab, ttt_steps=args.ttt_steps,
                           sharegpt=args.sharegpt, answers=args.answers,
                           checkpoint_every=args.checkpoint_every,
-                          seed=args.seed).validate()
+                          precision=args.precision, seed=args.seed).validate()
     if not args.data and not cfg.sharegpt:
         raise ValueError("give the training text: --data PATH... or --sharegpt TOKENS")
     if args.report and cfg.kind != "eagle":

@@ -3,7 +3,8 @@
 The training text is cut into windows of `seq_len` tokens and the frozen target runs over
 each once (its features, `TargetFeatures`, kept in `<out>/<kind>.features-*.pt` until the
 end); each step draws `batch_size` of those windows and takes one AdamW step on the drafter's
-loss (objectives.py); linear warmup, then cosine decay. Every `checkpoint_every` steps, and on
+loss (objectives.py), its products in bfloat16 where the hardware multiplies it natively
+(`training_precision`); linear warmup, then cosine decay. Every `checkpoint_every` steps, and on
 Ctrl-C, the drafter, the optimizer and the data sampler's state go to
 `<out>/<kind>.checkpoint.pt`: running the same training again continues from there (without
 the features' pass) and ends with the weights an uninterrupted run gives; a checkpoint of
@@ -17,9 +18,11 @@ The data is text files, or ShareGPT's conversations (`training_data`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..models.compiled import cpu_isa
 from ..sampling import SamplingConfig
 from ..training import warmup_cosine
 from . import objectives, store
@@ -41,6 +45,10 @@ from .data import (
 from .module import GAMMA
 
 TARGETS = ("text", "distill")
+# the drafter's products in training: bfloat16 under autocast (its weights, gradients and the
+# optimizer stay float32) or float32; "auto" takes bfloat16 where the hardware multiplies it
+# natively (TRAINING.md: 2.0x a step where the kernel profile is AVX512_BF16)
+PRECISIONS = ("auto", "float32", "bfloat16")
 LR = {"eagle": 3e-3, "heads": 5e-3}      # TokenSwift's for heads
 CHECKPOINT = "{kind}.checkpoint.pt"    # one per kind: a directory may hold both
 FEATURES = "{kind}.features-{part}.pt"  # the target's features, kept until the training ends
@@ -66,6 +74,7 @@ class DrafterTraining:
     seed: int = 0
     held_out: float = 0.05        # share of the token stream kept for evaluation
     checkpoint_every: int = 50    # steps
+    precision: str = "auto"       # PRECISIONS
 
     def validate(self) -> DrafterTraining:
         """Checked, with the learning rate filled in."""
@@ -73,6 +82,9 @@ class DrafterTraining:
             raise ValueError(f"kind must be one of {', '.join(store.KINDS)}, got {self.kind!r}")
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got "
+                             f"{self.precision!r}")
         for name in ("steps", "batch_size", "gamma", "checkpoint_every", "ttt_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -97,8 +109,23 @@ class DrafterTraining:
 
     def settings(self) -> dict:
         """What a checkpoint must share to be continued (all but checkpoint_every, and the
-        answers' directory: the data's digest says what they were)."""
+        answers' directory: the data's digest says what they were; the precision as
+        `training_precision` resolves it)."""
         return {k: v for k, v in asdict(self).items() if k not in ("checkpoint_every", "answers")}
+
+
+def training_precision(precision: str, device: torch.device) -> str:
+    """"bfloat16" or "float32": `precision`, with "auto" resolved for `device`: bfloat16 on a
+    CPU with bfloat16 dot products (cpu_isa AMX or AVX512_BF16, as the kernel profile's
+    switches leave it) or a CUDA device that has them, float32 elsewhere (where bfloat16
+    products are emulated and slower)."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported()
+    else:
+        native = cpu_isa() in ("AMX", "AVX512_BF16")
+    return "bfloat16" if native else "float32"
 
 
 def evaluate(module, model, held: TargetFeatures, cfg: DrafterTraining) -> tuple[float, list]:
@@ -168,6 +195,17 @@ def report_drafter(model, data: list[str | Path], cfg: DrafterTraining, path: st
     _, held, _ = training_data(model, data, cfg, progress)
     held_set = TargetFeatures(model, held, cfg.seq_len, progress, "target features (held out)")
     return report(eagle, model, held_set, report_depth())
+
+
+@contextlib.contextmanager
+def autocast(device: torch.device, precision: str):
+    """The training step's products in `precision` (training_precision's)."""
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16"), \
+            warnings.catch_warnings():
+        # bfloat16 activations against the norms' float32 weights: ATen's unfused norm, and
+        # a warning per process that says so
+        warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")
+        yield
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
@@ -248,7 +286,9 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
     module = objectives.build(cfg.kind, model, cfg, train)
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
-    identity = {"settings": cfg.settings(), "model": store.fingerprint(model),
+    precision = training_precision(cfg.precision, model.device)
+    identity = {"settings": {**cfg.settings(), "precision": precision},
+                "model": store.fingerprint(model),
                 "data": {"tokens": len(train) + len(held),
                          "digest": train.digest() + held.digest()}}
     checkpoint = Path(out) / CHECKPOINT.format(kind=cfg.kind) if out is not None else None
@@ -290,7 +330,9 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
             for group in opt.param_groups:
                 group["lr"] = warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.lr)
             index = sample_windows(len(train_set), cfg.batch_size, gen)
-            loss, _ = loss_fn(module, model, train_set.batch(index, want_logits), cfg)
+            batch = train_set.batch(index, want_logits)
+            with autocast(model.device, precision):
+                loss, _ = loss_fn(module, model, batch, cfg)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
@@ -314,7 +356,7 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
     if cfg.kind == "eagle":
         measured = {"held_out_acceptance": report(module, model, held_set, report_depth())}
     # (the answers' directory by its name: the record travels with the drafter)
-    training = {**asdict(cfg), "answers": Path(cfg.answers).name}
+    training = {**asdict(cfg), "answers": Path(cfg.answers).name, "precision": precision}
     record = {"kind": cfg.kind, "finished": True, "training": training, **measured,
               "held_out_loss_before": before[0], "held_out_loss_after": after[0],
               "agreement_before": before[1], "agreement_after": after[1],
