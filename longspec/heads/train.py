@@ -109,8 +109,9 @@ class DrafterTraining:
 
     def settings(self) -> dict:
         """What a checkpoint must share to be continued (all but checkpoint_every, and the
-        answers' directory: the data's digest says what they were; the precision as
-        `training_precision` resolves it)."""
+        answers' directory: the data's digest says what they were). `train_drafter` puts the
+        precision there as `training_precision` resolves it, so "auto" on another CPU
+        continues only where it means the same."""
         return {k: v for k, v in asdict(self).items() if k not in ("checkpoint_every", "answers")}
 
 
