@@ -5,7 +5,9 @@ Each run starts cold: what drafters learn across calls on a model (earlier outpu
 recycling matrix, calibrations) is cleared before every generation, so no run profits from
 an earlier run of the same prompt. Runs generate exactly --new-tokens tokens (EOS ignored);
 each row says where `ar`'s answer first reached end-of-turn (`first_eos`), after which the
-model continues with whatever it writes past the end of an answer. With --repeats N every
+model continues with whatever it writes past the end of an answer, and the distinct-4 of the
+tokens timed (`loop` where it is under 0.3: a row that times a loop, left out of the summary's
+means). With --repeats N every
 method runs N times and its run of median speed is reported, the upper median for even N (so
 the faster of two; this machine's speed drifts by ~10% between runs); `sizing_s` is the time
 each run spent timing steps for adaptive sizing. `ar` rows also give `weights_gb_s`, the
@@ -34,6 +36,7 @@ import time
 import torch
 
 import longspec
+from longspec.bench.metrics import answer_end, distinct_n, is_loop
 from longspec.bench.peers import PEERS, Peers, peer_status
 from longspec.bench.runner import parse_entry, split_entries
 from longspec.drafters import METHODS
@@ -166,9 +169,8 @@ def main() -> None:
                                            sampling, args.heads))
             results = {m: median_run(r) for m, r in runs.items()}
             ref = results["ar"]
-            eos = model.eos_token_ids
             # where the answer ends: the tokens after it continue past end-of-turn
-            first_eos = next((i for i, t in enumerate(ref["tokens"]) if t in eos), None)
+            first_eos = answer_end(ref["tokens"], model.eos_token_ids)
             for m, r in results.items():
                 row = {"setting": setting, "prompt": k, "method": m,
                        "tok_s": round(r["tok_s"], 2),
@@ -176,6 +178,8 @@ def main() -> None:
                        "identical": (all(run["tokens"] == ref["tokens"] for run in runs[m])
                                      if m not in PEERS else None),
                        "first_eos": first_eos,
+                       "distinct_4": round(distinct_n(r["tokens"], 4), 3),
+                       "loop": is_loop(r["tokens"]),
                        **{key: r[key] for key in ("len", "nodes", "sizing_s", "sources",
                                                   "verify_ms", "other_ms") if key in r}}
                 if m == "ar":
@@ -186,9 +190,11 @@ def main() -> None:
     for setting in args.settings.split(","):
         for m in methods:
             mine = [r for r in rows if r["setting"] == setting and r["method"] == m]
+            text = [r for r in mine if not r["loop"]]     # loops left out of the means
             summary[f"{setting}/{m}"] = {
-                "geomean_vs_ar": round(geomean([r["vs_ar"] for r in mine]), 3),
-                "min_vs_ar": min(r["vs_ar"] for r in mine),
+                "loops_left_out": len(mine) - len(text),
+                "geomean_vs_ar": round(geomean([r["vs_ar"] for r in text]), 3),
+                "min_vs_ar": min((r["vs_ar"] for r in text), default=None),
                 "mean_tok_s": round(sum(r["tok_s"] for r in mine) / len(mine), 2),
                 "all_identical": all(r["identical"] in (True, None) for r in mine)}
             print(f"{setting:7s} {m:12s} {json.dumps(summary[f'{setting}/{m}'])}", flush=True)

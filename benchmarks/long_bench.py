@@ -4,10 +4,12 @@ the token-identity check against plain decoding (`ar`).
 Each method writes --new-tokens tokens of one chat answer (EOS ignored: past the end of its
 answer the model goes on with whatever it writes) with a progress bar; each row gives the rate
 over every --segment tokens, so a run shows where the KV cache starts to cost more than the
-weights (plot_long.py draws them), and the distinct 4-grams of the tokens (how much of the text
-repeats, which is what drafters feed on). With --check-tokens K, `ar` writes only the first K
-tokens and the other methods are compared with it over those (the first tokens of a run do not
-depend on its length: DESIGN.md), which keeps a 32K-token run of one method affordable.
+weights (plot_long.py draws them), the distinct 4-grams of the tokens (how much of the text
+repeats, which is what drafters feed on; `loop` where it is under 0.3: such a row times a loop,
+not text) and where the answer ended (`answer_end`). With --check-tokens K, `ar` writes only the
+first K tokens and the other methods are compared with it over those (the first tokens of a run
+do not depend on its length: docs/design.md), which keeps a 32K-token run of one method
+affordable.
 
     python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 8192 --methods ar,auto
     python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 32700 --methods auto \\
@@ -45,7 +47,7 @@ from chat_bench import PROMPTS, sharegpt_prompts
 from chat_bench import SETTINGS as CHAT_SETTINGS
 
 import longspec
-from longspec.bench.metrics import distinct_n
+from longspec.bench.metrics import answer_end, distinct_n, is_loop
 from longspec.bench.runner import parse_entry, split_entries
 from longspec.drafters import METHODS
 from longspec.request import encode_prompt
@@ -154,13 +156,13 @@ def main() -> None:
         row = {"method": m, "new_tokens": n, "tok_s": round(r["tok_s"], 2),
                "len": round(r["len"], 2), "peak_rss_gb": round(r["peak_rss_bytes"] / 1e9, 2),
                "kv_gb": round(r["kv_bytes"] / 1e9, 3),
-               "distinct_4": round(distinct_n(r["tokens"], 4), 3), "segments": r["segments"]}
+               "distinct_4": round(distinct_n(r["tokens"], 4), 3), "loop": is_loop(r["tokens"]),
+               # where the answer ends: the model goes on past end-of-turn
+               "answer_end": answer_end(r["tokens"], model.eos_token_ids),
+               "segments": r["segments"]}
         if r["sources"]:      # auto's nodes verified and accepted, by source
             row["sources"] = r["sources"]
-        if m == "ar":         # where the answer ends: the model goes on past end-of-turn
-            eos = model.eos_token_ids
-            row["first_eos"] = next((i for i, t in enumerate(r["tokens"]) if t in eos), None)
-        elif "ar" in results:
+        if m != "ar" and "ar" in results:
             ref = results["ar"]["tokens"]
             row["identical_over"] = min(len(ref), len(r["tokens"]))
             row["identical"] = r["tokens"][:len(ref)] == ref[:len(r["tokens"])]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from longspec.bench.metrics import decode_bytes, distinct_n, roofline_ms
+from longspec.bench.metrics import answer_end, decode_bytes, distinct_n, is_loop, roofline_ms
 from longspec.bench.runner import parse_entry, split_entries
 from longspec.cli import main
 
@@ -16,6 +16,12 @@ def test_distinct_n_hand_computed():
     assert distinct_n(tokens, 2) == 3 / 4            # (1,2) (2,1) (1,2) (2,3)
     assert distinct_n(tokens, 3) == 3 / 3
     assert distinct_n(tokens, 6) == 0.0
+
+
+@pytest.mark.unit
+def test_a_loop_is_labelled_and_the_answer_end_found():
+    assert is_loop([1, 2, 3, 4] * 50) and not is_loop(list(range(200)))
+    assert answer_end([5, 6, 2, 7, 2], {2}) == 2 and answer_end([5, 6], {2}) is None
 
 
 @pytest.mark.unit
@@ -37,7 +43,7 @@ def test_bench_writes_results_table_and_plots(tmp_path, capsys):
     done = [r for r in rows if r["status"] == "ok"]
     fields = {"method", "gen_len", "seconds", "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf",
               "acceptance_rate", "mean_accepted_length", "distinct_1", "distinct_2", "distinct_3",
-              "distinct_4", "peak_memory_bytes"}
+              "distinct_4", "answer_end", "loop", "peak_memory_bytes"}
     assert all(fields <= set(r) for r in done) and len(done) == 8
     assistant = [r for r in rows if r["method"] == "hf-assisted"]
     assert all(r["status"].startswith("unsupported") for r in assistant)

@@ -6,11 +6,27 @@ import time
 
 import torch
 
+# distinct-4 under which a text has become a loop, which any suffix drafter copies: a speed
+# measured on it says little about text that stays text, so rows under it are labelled a loop
+# and left out of summaries
+DEGENERATE = 0.3
+
 
 def distinct_n(tokens: list[int], n: int) -> float:
     """Distinct-n: distinct n-grams / all n-grams of the output (0 when it has none)."""
     grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def is_loop(tokens: list[int]) -> bool:
+    """Whether the text has become a loop (distinct-4 under DEGENERATE)."""
+    return distinct_n(tokens, 4) < DEGENERATE
+
+
+def answer_end(tokens: list[int], eos_token_ids) -> int | None:
+    """Where the answer first reached end-of-sequence (a run that ignores it goes on past it
+    with whatever the model writes there), or None."""
+    return next((i for i, t in enumerate(tokens) if t in eos_token_ids), None)
 
 
 def measure_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:

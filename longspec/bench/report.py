@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .metrics import DEGENERATE
+
 COLUMNS = [("method", "method"), ("gen_len", "new tokens"), ("seconds", "s"),
            ("tokens_per_s", "tok/s"), ("speedup_vs_ar", "vs ar"), ("speedup_vs_hf", "vs hf"),
            ("acceptance_rate", "alpha"), ("mean_accepted_length", "len"), ("distinct_1", "D-1"),
            ("distinct_2", "D-2"), ("distinct_3", "D-3"), ("distinct_4", "D-4"),
+           ("answer_end", "answer ended"),
            ("peak_memory_bytes", "peak MiB"), ("status", "status")]
 
 
@@ -19,6 +22,10 @@ def _cell(key: str, value) -> str:
         return f"{value / 2**20:.0f}"
     if key == "status":
         return "" if value == "ok" else value
+    if key == "answer_end":
+        return f"token {value}"
+    if key == "distinct_4" and value < DEGENERATE:
+        return f"{value:g} (a loop)"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

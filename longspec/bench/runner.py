@@ -21,7 +21,7 @@ from ..drafters import METHODS, VERIFY_MODES, check_arguments
 from ..drafters.registry import parse_assignment
 from ..memory import PeakMemory
 from ..sampling import SamplingConfig
-from .metrics import distinct_n
+from .metrics import answer_end, distinct_n, is_loop
 from .peers import PEERS, Peers, peer_status
 
 WARMUP_TOKENS = 16
@@ -131,12 +131,12 @@ def run(model, spec: RunSpec, draft_model=None, heads=None, progress: bool = Tru
     for gen_len in spec.gen_lens:
         for entry in spec.entries:
             rows.append(_row(entry, gen_len, collected.get((entry.label, gen_len), []),
-                             statuses[entry.label]))
+                             statuses[entry.label], model.eos_token_ids))
     _add_speedups(rows)
     return rows
 
 
-def _row(entry: Entry, gen_len: int, runs: list[dict], status: str) -> dict:
+def _row(entry: Entry, gen_len: int, runs: list[dict], status: str, eos_token_ids) -> dict:
     row = {"method": entry.label, "gen_len": gen_len, "status": status, "runs": len(runs)}
     if not runs:
         return row
@@ -152,6 +152,9 @@ def _row(entry: Entry, gen_len: int, runs: list[dict], status: str) -> dict:
         mean_accepted_length=round(stats["mean_accepted_length"], 3) if stats else None,
         peak_memory_bytes=max(r["peak"] for r in runs),
         **{f"distinct_{n}": round(distinct_n(last["tokens"], n), 4) for n in range(1, 5)},
+        # end-of-sequence is ignored: where the answer ended, and whether what was timed
+        # after it became a loop
+        answer_end=answer_end(last["tokens"], eos_token_ids), loop=is_loop(last["tokens"]),
     )
     method_stats = METHODS[entry.method].stats if entry.method in METHODS else ()
     for key in (*method_stats, "verify_forward_s", "sizing_s", "decode_s", "prefill_s",
