@@ -98,18 +98,34 @@ def _compared_profile(model: Model) -> dict | None:
     return profile
 
 
+def profile_difference(old: dict | None, new: dict | None) -> str | None:
+    """What differs between a recorded kernel profile and the current one: the code that
+    decides the bits first (profile.py's `code`, with longspec's versions), then the other
+    choices; None when nothing does (another version whose code is the same is no
+    difference)."""
+    old, new = old or {}, new or {}
+    changed = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in new.items()
+               if k not in ("code", "longspec") and old.get(k) != v]
+    if old.get("code") == new.get("code"):
+        return f"another kernel profile ({', '.join(changed)})" if changed else None
+    versions = (f"longspec {old.get('longspec') or 'unrecorded'} -> {new.get('longspec')}"
+                if old.get("longspec") != new.get("longspec")
+                else f"longspec {new.get('longspec')} both times, its code edited")
+    also = f"; also {', '.join(changed)}" if changed else ""
+    return (f"other kernel code (digest {old.get('code') or 'unrecorded'} when written, "
+            f"{new.get('code')} now; {versions}{also})")
+
+
 def setting_difference(recorded: dict, current: dict, profile: bool = True) -> str | None:
     """The first setting that differs, as 'NAME=RECORDED, this command has NAME=CURRENT';
     the kernel profile only when `profile`."""
     for key, new in current.items():
         old = recorded.get(key)
         if key == "kernel_profile":
-            if profile and old != new:
-                changed = [f"{k} {(old or {}).get(k)!r} -> {v!r}" for k, v in (new or {}).items()
-                           if (old or {}).get(k) != v]
-                return (f"another kernel profile ({', '.join(changed)}): the tokens from the "
-                        "resume point on would differ from the uninterrupted run's; pass "
-                        "--allow-profile-change to continue anyway")
+            if profile and (change := profile_difference(old, new)) is not None:
+                return (f"{change}: the tokens from the resume point on would differ from the "
+                        "uninterrupted run's; pass --allow-profile-change to continue anyway "
+                        "(with other tokens from there on)")
         elif isinstance(old, dict) and isinstance(new, dict) and key == "sampling":
             for sub, value in new.items():
                 if old.get(sub) != value:

@@ -5,6 +5,7 @@ import json
 import os
 import time
 import warnings
+from importlib.metadata import version
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import longspec
 from longspec.cli import main
 from longspec.models import selfcheck
 from longspec.models.compiled import extension
+from longspec.models.profile import code_digest
 
 
 def test_profile_names_the_kernels_and_the_row_check_passes():
@@ -22,6 +24,7 @@ def test_profile_names_the_kernels_and_the_row_check_passes():
         "cpu", "float32", "float32", "python", "products")
     assert p.isa in ("AMX", "AVX512_BF16", "AVX512", "AVX2", "DEFAULT")
     assert p.row_check == "passed"
+    assert p.longspec == version("longspec") and p.code == code_digest() and len(p.code) == 16
     assert "fp32_min_rows=2" in p.rows
     res = longspec.generate(model, "x = 1\n", max_new_tokens=4, method="ar")
     assert res.stats["kernel_profile"] == p.as_dict()
@@ -70,6 +73,7 @@ def test_info_prints_the_model_and_its_profile(capsys):
     assert main(["info", "demo", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "architecture" in out and "kernel profile" in out and "row_check" in out
+    assert code_digest() in out
     assert main(["info", "demo", "--dtype", "float32", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["kernel_profile"]["layers"] == "python" and info["layers"] == 8

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from longspec.cli import main
+from longspec.models import profile
 from longspec.sidecar import sidecar_path
 
 ARGS = ["generate", "demo", "--prompt", "def parse(text):\n", "--method", "pld", "--seed", "3",
@@ -177,3 +178,22 @@ def test_resume_under_another_kernel_profile_is_refused_unless_allowed(tmp_path,
     res = json.loads(capsys.readouterr().out)
     assert res["token_ids"] == ref["token_ids"]          # here the profile is the same one
     assert res["stats"]["kernel_profile"] == {**recorded, "row_check": "passed"}
+
+
+def test_resume_under_other_kernel_code_is_refused_naming_the_digests(tmp_path, capsys,
+                                                                      monkeypatch):
+    out, ref = interrupted_run(tmp_path, capsys)
+    written = sidecar(out)["settings"]["kernel_profile"]
+    assert written["code"] == profile.code_digest()
+    monkeypatch.setattr(profile, "code_digest", lambda: "0123456789abcdef")
+    monkeypatch.setattr(profile, "version", lambda: "9.9.9")
+    monkeypatch.setenv("LONGSPEC_HOME", str(tmp_path))     # the "new" code's row check apart
+    assert generate(out, 30, "--resume") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--allow-profile-change" in err
+    assert (f"other kernel code (digest {written['code']} when written, 0123456789abcdef now; "
+            f"longspec {written['longspec']} -> 9.9.9)") in err
+    assert generate(out, 30, "--resume", "--allow-profile-change", "--json") == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["token_ids"] == ref["token_ids"]      # only the digest differs, not the bits
+    assert res["stats"]["kernel_profile"]["code"] == "0123456789abcdef"

@@ -42,8 +42,9 @@ def add_parser(sub) -> None:
                    "kill; a new run when there is none")
     g.add_argument("--allow-profile-change", action="store_true",
                    help="with --resume, continue a run written under another kernel profile "
-                   "(another CPU, torch or kernels: see `longspec info`); the tokens from the "
-                   "resume point on may then differ from an uninterrupted run's")
+                   "(another CPU, torch, or longspec code that decides the bits: see `longspec "
+                   "info`): the tokens from the resume point on are then this profile's, other "
+                   "tokens than the uninterrupted run would have written")
     g.add_argument("--checkpoint-every", type=float, default=0.5, metavar="SECONDS",
                    help="at most how often FILE.longspec.json is rewritten (default 0.5)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

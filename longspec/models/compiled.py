@@ -9,7 +9,6 @@ layers run in Python and int4 products on ATen's kernel. Either is another kerne
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import sys
 import time
@@ -126,16 +125,6 @@ def _clear_stale_lock(lock: Path) -> None:
     else:
         print(f"longspec: waiting for another process's build of the kernels ({lock}; if no "
               "build runs, delete that file)", file=sys.stderr, flush=True)
-
-
-@functools.cache
-def sources_digest() -> str:
-    """A digest of the compiled kernels' sources: answers measured on them (the row check) are
-    kept per version of the kernels."""
-    digest = hashlib.sha256()
-    for f in SOURCES:
-        digest.update(Path(__file__).with_name(f).read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def int4_mm_built() -> bool:

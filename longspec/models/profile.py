@@ -4,8 +4,9 @@ A token's logits must be bitwise the same whether it is computed alone, as a row
 tree, early in a short run or late in a long one (DESIGN.md section 10). That holds within one
 profile: the same model on the same kernels makes the same choices at every position, never by
 a run's length. Another profile (another instruction set, another torch, the compiled layers or
-not) gives other bits and so, sooner or later, other tokens. So the profile is named in full,
-recorded with every run (stats, the sidecar, the server) and compared on resume.
+not, another version of the code that computes them) gives other bits and so, sooner or later,
+other tokens. So the profile is named in full, recorded with every run (stats, the sidecar, the
+server) and compared on resume.
 
 Switches that choose a profile (README, "Kernel profiles"):
 - LONGSPEC_NATIVE=0: no compiled code (native.py): the Python layers, attention as products,
@@ -17,7 +18,11 @@ Switches that choose a profile (README, "Kernel profiles"):
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
 
 import torch
 
@@ -26,6 +31,18 @@ from . import linear
 from .compiled import cpu_isa, onednn_max_isa
 from .linear import Int4Linear
 
+# The code, relative to the package, whose change may change the bits of a forward or the token
+# chosen from them: the compiled kernels and their build flags, the layer and its products,
+# attention, rotations and prefill, the caches' layout, how weights are decoded and quantized,
+# and the one path from logits to a token (processing, noise, penalty). Not the drafters,
+# sizing or verification: over row-invariant forwards (verify="match") they change how many
+# tokens a step takes, never which.
+ARITHMETIC = ("models/native.cpp", "models/int4_mm.cpp", "models/compiled.py",
+              "models/native.py", "models/transformer.py", "models/linear.py",
+              "models/attention.py", "models/rope.py", "models/prefill.py", "models/build.py",
+              "models/gguf.py", "models/quant.py", "cache/base.py", "cache/full.py",
+              "sampling.py", "sampler.py", "noise.py", "penalty.py")
+
 
 @dataclass(frozen=True)
 class KernelProfile:
@@ -33,6 +50,8 @@ class KernelProfile:
     isa: str             # the CPU kernels: AMX, AVX512, AVX2 or DEFAULT ("" on CUDA)
     onednn_max_isa: str  # ONEDNN_MAX_CPU_ISA ("ALL": what the CPU has)
     torch: str           # PyTorch's version
+    longspec: str        # longspec's version
+    code: str            # a digest of the code that decides the bits (ARITHMETIC)
     weights: str         # the matrices: int4 (4- and 8-bit codes) or a dtype
     dtype: str           # the activations
     layers: str          # "compiled" (native.cpp) or "python"
@@ -64,12 +83,32 @@ def kernel_profile(net, row_check: str = "not run") -> KernelProfile:
     return KernelProfile(
         device="cpu" if cpu else torch.cuda.get_device_name(net.device),
         isa=cpu_isa() if cpu else "", onednn_max_isa=onednn_max_isa() if cpu else "",
-        torch=torch.__version__, weights="int4" if int4 else dtype, dtype=dtype,
+        torch=torch.__version__, longspec=version(), code=code_digest(),
+        weights="int4" if int4 else dtype, dtype=dtype,
         layers="compiled" if net.native is not None else "python",
         attention="loops" if net.loops else "products",
         int4_kernel=int4_kernel(int4),
         rows=cpu_rows() if cpu else f"chunk={CHUNK} cuda_rows={linear.CUDA_ROWS}",
         row_check=row_check)
+
+
+def version() -> str:
+    """longspec's version as installed ("unknown" run from a source tree not installed)."""
+    try:
+        return metadata.version("longspec")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the ARITHMETIC files, names and bytes."""
+    digest = hashlib.sha256()
+    root = Path(__file__).parent.parent
+    for name in ARITHMETIC:
+        digest.update(f"{name}\0".encode())
+        digest.update((root / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def cpu_rows() -> str:

@@ -3,9 +3,10 @@ bitwise what its token gets run alone after its ancestors?
 
 Exactness rests on that (attention.py, linear.py), and the kernels' row rules were measured on
 particular CPUs and torch versions. So a model checks it once per host (the CPU, or the
-GPU), torch version, kernel profile and model shape (the answer is kept in longspec's cache
-directory): a 40-row tree (past the products' 32-row split) over a short prompt through the real
-products and attention, its chain and three leaves run alone. Where the compiled layers fail it,
+GPU), kernel profile (torch, longspec and the digest of the code that decides bits:
+profile.py) and model shape (the answer is kept in longspec's cache directory): a 40-row tree
+(past the products' 32-row split) over a short prompt through the real products and attention,
+its chain and three leaves run alone. Where the compiled layers fail it,
 the Python layers are checked and taken; where those fail too, the profile says so and a warning
 tells the user that speculation may write other tokens than plain decoding here.
 """
@@ -22,7 +23,6 @@ import torch
 
 from ..cache.full import StaticCache
 from ..tree import TreeShape
-from .compiled import sources_digest
 from .prefill import prefill
 from .profile import KernelProfile, kernel_profile
 from .sources import longspec_home
@@ -86,7 +86,6 @@ def _shape_key(net, profile: KernelProfile) -> str:
     products = [(type(p).__name__, [tuple(t.shape) for t in (*p.parameters(), *p.buffers())])
                 for p in (*net.layers[0].children(), net.lm_head)]
     key = {"host": _host(net.device), "profile": profile.as_dict(), "products": products,
-           "kernels": sources_digest(),
            "shape": [c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
                      c.rope.type, c.tie_word_embeddings]}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
