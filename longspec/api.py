@@ -91,6 +91,11 @@ def _prepare(model: Model, request: Request) -> tuple[Engine, list[int], list[in
         raise ValueError(f"resume_from ends the generation at its token {stop_at - 1} (a stop "
                          "rule fires there), yet goes on: it was not made with these settings")
     budget, options = spec.resolve(r.options)
+    if model.profile is not None and model.profile.speculation != "on":
+        # no kernel path keeps a tree's rows bitwise its tokens' alone here (selfcheck.py):
+        # the method's settings are checked, then every step is plain decoding
+        spec = get_method("ar")
+        budget, options = spec.resolve(None)
     sampler = Sampler(sampling, seed, prompt_ids, model.config.vocab_size, model.device,
                       rejection=r.verify == "rejection")
     context = len(prompt_ids) + n

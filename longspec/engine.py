@@ -44,9 +44,10 @@ class Engine:
         self.max_new_tokens = max_new_tokens
         self.stop = stop
         self.device = model.device
+        profile = model.profile
         self.stats = Stats(method, str(model.device), str(model.dtype).removeprefix("torch."),
-                           model.weight_format,
-                           model.profile.as_dict() if model.profile is not None else None)
+                           model.weight_format, None if profile is None else profile.as_dict(),
+                           "on" if profile is None else profile.speculation)
         self.tokens: list[int] = []      # committed: prompt, then new tokens
         self.cache: StaticCache | None = None
         self.done = False

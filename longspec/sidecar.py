@@ -90,11 +90,12 @@ def run_settings(model: Model, request: Request) -> dict:
 
 
 def _compared_profile(model: Model) -> dict | None:
-    """The choices of the model's kernel profile (its row check's outcome left out)."""
+    """The choices of the model's kernel profile (its row check's outcome left out: with or
+    without speculation, a profile writes the same tokens)."""
     if model.profile is None:
         return None
     profile = model.profile.as_dict()
-    del profile["row_check"]
+    del profile["row_check"], profile["speculation"]
     return profile
 
 

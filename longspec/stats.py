@@ -13,13 +13,16 @@ class Stats:
     dtype: str
     weights: str = ""                # the matrices' format: a dtype, or "int4" (quantized)
     kernel_profile: dict | None = None   # the model's KernelProfile (models/profile.py)
+    # the profile's: "on", or "off (why): ..." where no kernel path passed the row check (every
+    # step was then `ar`'s)
+    speculation: str = "on"
     steps: int = 0                   # verify forwards
     verified_nodes: int = 0          # tree nodes over all verify forwards, roots included
     drafted_tokens: int = 0          # draft tokens offered, on the accepted-length axis
     accepted_draft_tokens: int = 0   # accepted draft tokens that were committed
     new_tokens: int = 0
     prefill_s: float = 0.0
-    decode_s: float = 0.0
+    decode_s: float = 0.0            # the decoding loop's seconds, less the caller's with chunks
     verify_forward_s: float = 0.0    # time in the verify forwards (CPU only: CUDA is asynchronous)
     sizing_s: float = 0.0            # time measuring step costs for adaptive sizing (in decode_s)
     peak_memory_bytes: int = 0       # see memory.PeakMemory
@@ -58,4 +61,5 @@ class Stats:
             "dtype": self.dtype,
             "weights": self.weights,
             "kernel_profile": self.kernel_profile,
+            "speculation": self.speculation,
         }

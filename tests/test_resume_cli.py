@@ -177,7 +177,8 @@ def test_resume_under_another_kernel_profile_is_refused_unless_allowed(tmp_path,
     assert generate(out, 30, "--resume", "--allow-profile-change", "--json") == 0
     res = json.loads(capsys.readouterr().out)
     assert res["token_ids"] == ref["token_ids"]          # here the profile is the same one
-    assert res["stats"]["kernel_profile"] == {**recorded, "row_check": "passed"}
+    assert res["stats"]["kernel_profile"] == {**recorded, "row_check": "passed",
+                                              "speculation": "on"}
 
 
 def test_resume_under_other_kernel_code_is_refused_naming_the_digests(tmp_path, capsys,

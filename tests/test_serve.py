@@ -64,7 +64,7 @@ def test_models_lists_the_served_model_and_health_is_ok(client, server):
     assert health["status"] == "ok"
     # the kernel profile the tokens rest on, on both
     assert models.data[0].model_extra["kernel_profile"] == health["kernel_profile"]
-    assert health["kernel_profile"]["row_check"] == "passed"
+    assert health["kernel_profile"]["row_check"] == "passed" and health["speculation"] == "on"
 
 
 @pytest.mark.parametrize("sampled", [False, True])

@@ -24,6 +24,8 @@ def run(args) -> int:
                "heads": f"{c.num_heads} query / {c.num_kv_heads} key-value, {c.head_dim} wide",
                "vocab": c.vocab_size, "context": c.context_limit}
     profile = model.profile.as_dict() if model.profile is not None else {}
+    if profile:
+        summary["speculation"] = profile["speculation"]
     if args.json:
         print(json.dumps({**summary, "kernel_profile": profile}, indent=2))
         return 0

@@ -63,6 +63,9 @@ class KernelProfile:
     rows: str            # the row rules that keep products batch-invariant (linear.py)
     # the load-time row check (selfcheck.py): "passed", or what failed and what was done
     row_check: str = "not run"
+    # "on", or "off (why): ..." where no kernel path passed the row check: every method then
+    # decodes as `ar` (api.py)
+    speculation: str = "on"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -75,7 +78,7 @@ class KernelProfile:
                 f"{self.layers} layers, attention as {self.attention}{int4}")
 
 
-def kernel_profile(net, row_check: str = "not run") -> KernelProfile:
+def kernel_profile(net, row_check: str = "not run", speculation: str = "on") -> KernelProfile:
     """The profile a loaded network runs with."""
     cpu = net.device.type == "cpu"
     int4 = [m for m in net.modules() if isinstance(m, Int4Linear)]
@@ -89,7 +92,7 @@ def kernel_profile(net, row_check: str = "not run") -> KernelProfile:
         attention="loops" if net.loops else "products",
         int4_kernel=int4_kernel(int4),
         rows=cpu_rows() if cpu else f"chunk={CHUNK} cuda_rows={linear.CUDA_ROWS}",
-        row_check=row_check)
+        row_check=row_check, speculation=speculation)
 
 
 def version() -> str:

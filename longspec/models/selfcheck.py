@@ -2,13 +2,19 @@
 bitwise what its token gets run alone after its ancestors?
 
 Exactness rests on that (attention.py, linear.py), and the kernels' row rules were measured on
-particular CPUs and torch versions. So a model checks it once per host (the CPU, or the
-GPU), kernel profile (torch, longspec and the digest of the code that decides bits:
-profile.py) and model shape (the answer is kept in longspec's cache directory): a 40-row tree
-(past the products' 32-row split) over a short prompt through the real products and attention,
-its chain and three leaves run alone. Where the compiled layers fail it,
-the Python layers are checked and taken; where those fail too, the profile says so and a warning
-tells the user that speculation may write other tokens than plain decoding here.
+particular CPUs and torch versions. So a model checks it once per host (the CPU, or the GPU),
+kernel profile (torch, longspec and the digest of the code that decides bits: profile.py) and
+model shape (the answer is kept in longspec's cache directory): CHAIN tokens run one at a time
+after CONTEXT cache slots give each depth's logits; then draft trees of every row count in
+ROWS over the same slots, each a chain with leaves that repeat its nodes (a leaf hung off depth
+d carries depth d + 1's token, so its path is that node's), must give every node its depth's
+logits, bit for bit.
+
+Paths are checked in turn until one passes: the compiled layers, the Python layers, the Python
+layers with attention as products (`_paths`); taking a later one warns once. Where none
+passes, the model keeps its first and decodes without speculation (every method as `ar`:
+api.py), which the profile, every result's stats, `longspec info` and the server's /health
+say.
 """
 
 from __future__ import annotations
@@ -17,47 +23,79 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from ..cache.base import CHUNK, copy_slots
 from ..cache.full import StaticCache
 from ..tree import TreeShape
+from .linear import CUDA_ROWS
 from .prefill import prefill
 from .profile import KernelProfile, kernel_profile
 from .sources import longspec_home
 
-CONTEXT = 24                 # prompt tokens before the tree
-CHAIN = 8                    # the tree: a chain of 8 nodes, then 32 leaves hung off it in turn
-PARENTS = [-1, *range(CHAIN - 1), *(j % CHAIN for j in range(32))]
-LEAVES = (CHAIN, CHAIN + 13, len(PARENTS) - 1)     # leaves run alone too
+# Cache slots before the trees: their blocks start 2 slots before the end of the second CHUNK,
+# so every tree of 3 rows or more crosses into a third: its rows sum three chunks' partials (the
+# pairwise combine pads them to 4), and its leaves read their ancestors in two chunks past the
+# one all rows share (attention.py's tree tail, native.cpp's per-row slots). The slots hold a
+# PROMPT-token prefill's keys and values over and over: what they hold does not matter, only
+# that a tree's rows and the tokens alone read the same ones (a prefill of them all would take
+# most of the check's time).
+CONTEXT = 2 * CHUNK - 2
+PROMPT = 32
+CHAIN = 8        # depths run alone; the trees' chains are at most this long
+# The trees' row counts, reaching every class of rows the kernels treat apart:
+# - int4_mm.cpp's `product`: blocks of 8 rows (tile<8>), then one of 4, then one of 3, 2 or 1:
+#   2, 3, 4, 5, 7, 8, 9, 13 rows run every tile, alone and after others;
+# - dense products (linear.py's DenseLinear, native.cpp's `linear`): fewer rows than MIN_ROWS
+#   or min_rows padded (the token alone), up to MAX_ROWS as one product, whose kernel MKL and
+#   oneDNN pick by row count (1-3, 4, 8, 12 and more), more in MAX_ROWS-row parts (40);
+# - native.cpp's attention loops: a head's rows (its query heads x the tokens) scored 4 at a
+#   time and summed with the values in blocks of 3 or 6 where there are that many (and, with
+#   AVX-512's bfloat16 dot products, 6 for multiples of 6), else of 4 (`row_block`): 1 to 6
+#   tokens reach each with 1 to 4 query heads a key head;
+# - attention.py's products: float32 rows rounded up to 4, 8 or 12 or kept (`_row_bucket`),
+#   bfloat16 ones to min_rows.
+# On CUDA every product runs as CUDA_ROWS-row parts: a tree of one more row takes two.
+ROWS = (2, 3, 4, 5, 6, 7, 8, 9, 13, 40)
+
+
+def tree_parents(n: int) -> list[int]:
+    """An n-node tree: a chain of about half its nodes (2 to CHAIN), then leaves hung off the
+    chain's nodes in turn."""
+    chain = min(CHAIN, max(2, (n + 1) // 2))
+    return [-1, *range(chain - 1), *(i % (chain - 1) for i in range(n - chain))]
 
 
 def row_mismatch(net) -> str | None:
-    """Which row of the tree differs from its token run alone, or None when none does."""
+    """Which row of which tree differs from its token run alone, or None when none does."""
     device = net.device
-    shape = TreeShape(PARENTS, device)
+    sizes = ROWS if device.type == "cpu" else (*ROWS, CUDA_ROWS + 1)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, net.config.vocab_size, (CONTEXT + shape.n,), generator=g).to(device)
-    cache = StaticCache(net.config, CONTEXT + shape.n + 1, net.dtype, device)
-    prefill(net, ids[:CONTEXT], cache, 0)
-    tree = ids[CONTEXT:]
-    rows = net(tree, shape.depth + CONTEXT, cache, shape.mask(net.dtype)).logits
-
-    def alone(node: int) -> str | None:
-        position = torch.tensor([CONTEXT + shape.depths[node]], device=device)
-        logits = net(tree[node:node + 1], position, cache).logits[0]
-        return None if torch.equal(logits, rows[node]) else (
-            f"row {node} of a {shape.n}-row draft tree")
-
-    for node in range(CHAIN):          # the chain, a token at a time
-        if (problem := alone(node)) is not None:
-            return problem
+    ids = torch.randint(0, net.config.vocab_size, (PROMPT + CHAIN,), generator=g).to(device)
+    cache = StaticCache(net.config, CONTEXT + max(sizes), net.dtype, device)
+    prefill(net, ids[:PROMPT], cache, 0)
+    while cache.length < CONTEXT:
+        n = min(cache.length, CONTEXT - cache.length)
+        copy_slots(cache, cache.length, cache, 0, n)
+        cache.commit(n)
+    chain = ids[PROMPT:]
+    alone = []
+    for depth in range(CHAIN):          # the chain, a token at a time
+        position = torch.tensor([CONTEXT + depth], device=device)
+        alone.append(net(chain[depth:depth + 1], position, cache).logits[0])
         cache.commit(1)
-    for leaf in sorted(LEAVES, key=lambda j: -PARENTS[j]):   # cut back to each leaf's parent
-        cache.rollback(CONTEXT + PARENTS[leaf] + 1)
-        if (problem := alone(leaf)) is not None:
-            return problem
+    cache.rollback(CONTEXT)
+    alone = torch.stack(alone)          # [CHAIN, vocab]: each depth's logits
+    for n in sizes:
+        shape = TreeShape(tree_parents(n), device)
+        rows = net(chain[shape.depth], shape.depth + CONTEXT, cache,
+                   shape.mask(net.dtype)).logits
+        differs = (rows != alone[shape.depth]).any(-1).nonzero().flatten().tolist()
+        if differs:
+            return f"row {differs[0]} of a {n}-row draft tree"
     return None
 
 
@@ -115,24 +153,43 @@ class _Answers:
         return self.known[key]
 
 
+def _paths(net) -> Iterator[str]:
+    """Puts `net` on each path the row check may take, fastest first, and names it: the
+    compiled layers, the Python ones (on longspec::attention where it runs), the Python ones
+    with attention as products."""
+    if net.native is not None:
+        yield "compiled layers"
+        net.native = None
+    if net.loops:
+        yield "Python layers"
+        net.loops = False
+    yield "Python layers with attention as products"
+
+
 def checked_profile(net) -> KernelProfile:
-    """The network's kernel profile after the row check, which may move a CPU model from the
-    compiled layers to the Python ones (with one warning)."""
-    where = "CPU" if net.device.type == "cpu" else "GPU"
+    """The network's kernel profile on the first path that passes the row check (with one
+    warning where that is not its first), or on its first path without speculation (with one
+    warning) where none does."""
     answers = _Answers()
-    problem = answers.mismatch(net)
-    if problem is not None and net.native is not None:
-        compiled_problem, net.native = problem, None
+    first = net.native, net.loops
+    failed = []
+    for path in _paths(net):
         problem = answers.mismatch(net)
         if problem is None:
-            warnings.warn(f"longspec: on this CPU the compiled layers' {compiled_problem} differs "
-                          "from its token run alone; running the Python layers instead (slower, "
-                          "exact)", stacklevel=3)
-            return kernel_profile(net, f"compiled layers failed ({compiled_problem}): python "
-                                       "layers")
-    if problem is not None:
-        warnings.warn(f"longspec: on this {where} the {problem} differs from its token run "
-                      "alone: speculative methods may write other tokens than plain decoding "
-                      f"(ar) here; please report the {where} and torch version", stacklevel=3)
-        return kernel_profile(net, f"failed ({problem})")
+            break
+        failed.append(f"{path} failed ({problem})")
+    else:
+        net.native, net.loops = first
+        where = "CPU" if net.device.type == "cpu" else "GPU"
+        why = "; ".join(failed)
+        warnings.warn(f"longspec: on this {where} a draft tree's rows differ from their tokens "
+                      f"run alone ({why}): decoding without speculation, every method as plain "
+                      f"decoding (ar); please report the {where} and torch version",
+                      stacklevel=3)
+        return kernel_profile(net, why, speculation=f"off ({why}): every method decodes as ar")
+    if failed:
+        why = "; ".join(failed)
+        warnings.warn(f"longspec: on this CPU the {why}: running the {path} instead (slower, "
+                      "exact)", stacklevel=3)
+        return kernel_profile(net, f"{why}: {path}")
     return kernel_profile(net, "passed")

@@ -210,6 +210,7 @@ def create_app(model: Model, config: ServeConfig) -> FastAPI:
     metrics = Metrics()
     server = Server(model, config, metrics)
     profile = model.profile.as_dict() if model.profile is not None else None
+    speculation = model.profile.speculation if model.profile is not None else "on"
 
     @asynccontextmanager
     async def lifespan(app):
@@ -256,6 +257,8 @@ def create_app(model: Model, config: ServeConfig) -> FastAPI:
     @app.get("/health")
     async def health():
         return {"status": "ok", "waiting": server.worker.waiting(),
-                "running": server.worker.current is not None, "kernel_profile": profile}
+                "running": server.worker.current is not None,
+                "speculation": speculation,
+                "kernel_profile": profile}
 
     return app
