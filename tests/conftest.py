@@ -1,6 +1,8 @@
 """Fixtures shared by the drafter tests: a tiny random model that trains on bytes, a text
-file, and an EAGLE drafter for the demo model trained in the session (a few seconds)."""
+file, and an EAGLE drafter for the demo model trained in the session (a few seconds); and the
+`compiled` mark of the compiled code's tests."""
 
+import os
 import sysconfig
 from pathlib import Path
 
@@ -8,9 +10,37 @@ import pytest
 from helpers import make_checkpoint
 
 import longspec
+from longspec.models.compiled import extension, int4_mm_built
 
 # standard-library files the demo model saw in training: ~19K tokens
 DEMO_DATA = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "queue.py", "heapq.py")
+
+
+def compiled_code_absent(int4_mm: bool) -> str | None:
+    """Why the compiled code (and, with `int4_mm`, longspec::int4_mm) is not here, or None.
+    Under LONGSPEC_REQUIRE_COMPILED=1 a build that fails raises (compiled.py's extension)."""
+    if os.environ.get("LONGSPEC_NATIVE", "1") == "0":
+        return "LONGSPEC_NATIVE=0: no compiled code"
+    if extension() is None:
+        return "the compiled code cannot be built here (no compiler)"
+    if int4_mm and not int4_mm_built():
+        return "longspec::int4_mm is built for CPUs with AVX2 or AVX-512 only"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    """A test marked `compiled` (`compiled("int4_mm")`: that operator too) skips where that
+    code is absent, and fails where LONGSPEC_REQUIRE_COMPILED=1 and its build failed."""
+    mark = item.get_closest_marker("compiled")
+    if mark is None:
+        return
+    try:
+        absent = compiled_code_absent("int4_mm" in mark.args)
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    if absent is not None:
+        pytest.skip(absent)
 
 
 class ByteTokenizer:

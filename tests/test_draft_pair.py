@@ -73,7 +73,7 @@ def test_autos_draft_model_chains_are_the_text_when_the_draft_is_the_target(tmp_
     assert drafted["verified"] - drafted["accepted"] <= DRAFT_MODEL_BUDGET.chain
 
 
-@pytest.mark.skipif(not int4_mm(), reason="a draft vocabulary takes longspec::int4_mm's tiles")
+@pytest.mark.compiled("int4_mm")      # a draft vocabulary takes longspec::int4_mm's tiles
 def test_a_head_over_part_of_the_vocabulary_gives_its_logits_bitwise_and_no_others():
     head = Int4Linear(torch.randint(0, 16, (320, 64)), torch.rand(320, 2) / 8,
                       -torch.rand(320, 2), doubled=False, bias=torch.randn(320))

@@ -11,14 +11,9 @@ import pytest
 import torch
 from helpers import opcheck_int4_mm
 
-from longspec.models.compiled import extension, int4_mm_built
 from longspec.models.linear import pack_int4_mm, pack_int4_mm_16
 
-pytestmark = [
-    pytest.mark.unit,
-    pytest.mark.skipif(extension() is None or not int4_mm_built(),
-                       reason="longspec::int4_mm is built for CPUs with AVX2 and a compiler"),
-]
+pytestmark = [pytest.mark.unit, pytest.mark.compiled("int4_mm")]
 
 
 def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, seed: int = 0):

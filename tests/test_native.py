@@ -16,12 +16,10 @@ from torch import library
 import longspec
 from longspec.cache import StaticCache
 from longspec.models.attention import block_order
-from longspec.models.compiled import extension
 from longspec.models.prefill import prefill
 from longspec.tree import TreeShape
 
-pytestmark = pytest.mark.skipif(extension() is None,
-                                reason="the compiled layers cannot be built here (no compiler)")
+pytestmark = pytest.mark.compiled
 
 
 def int4_models(path, family: str):

@@ -1,6 +1,7 @@
 """The kernel profile: named at load, checked on the host (a draft tree's rows against their
 tokens run alone), shown by `longspec info` and kept with every run's stats."""
 
+import functools
 import json
 import os
 import time
@@ -13,7 +14,6 @@ import torch
 import longspec
 from longspec.cli import main
 from longspec.models import selfcheck
-from longspec.models.compiled import extension
 from longspec.models.profile import code_digest
 
 
@@ -30,7 +30,7 @@ def test_profile_names_the_kernels_and_the_row_check_passes():
     assert res.stats["kernel_profile"] == p.as_dict()
 
 
-@pytest.mark.skipif(extension() is None, reason="no compiler for the compiled layers")
+@pytest.mark.compiled
 def test_quantized_model_runs_the_compiled_loops():
     p = longspec.load_model("demo", quantize="q4", device="cpu").profile
     assert (p.weights, p.dtype, p.layers, p.attention) == ("int4", "bfloat16", "compiled",
@@ -51,7 +51,7 @@ def test_the_row_check_finds_a_row_that_differs(tiny_model):
         del wqkv.forward
 
 
-@pytest.mark.skipif(extension() is None, reason="no compiler for the compiled layers")
+@pytest.mark.compiled
 def test_compiled_layers_that_fail_the_check_give_way_to_python_ones(monkeypatch, tmp_path):
     monkeypatch.setenv("LONGSPEC_HOME", str(tmp_path))
     real = selfcheck.row_mismatch
@@ -103,8 +103,8 @@ def test_the_instruction_set_follows_the_cpu_and_onednn_max_isa(monkeypatch, fea
     assert compiled._instruction_set()[0] == build
 
 
-@pytest.mark.unit
-def test_a_failed_build_falls_back_with_a_warning_naming_the_compiler(monkeypatch, tmp_path):
+def failing_build(monkeypatch, tmp_path):
+    """compiled.py with a build for AVX-512 bfloat16 that the compiler refuses."""
     from torch.utils import cpp_extension
 
     from longspec.models import compiled
@@ -114,11 +114,31 @@ def test_a_failed_build_falls_back_with_a_warning_naming_the_compiler(monkeypatc
 
     monkeypatch.setattr(compiled, "_instruction_set",
                         lambda: ("avx512_bf16", compiled.VNNI_FLAGS + compiled.BF16_FLAGS))
+    monkeypatch.setattr(compiled, "_build", functools.cache(compiled._build.__wrapped__))
     monkeypatch.setattr(cpp_extension, "load", fail)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.delenv("LONGSPEC_NATIVE", raising=False)
+    return compiled
+
+
+@pytest.mark.unit
+def test_a_failed_build_falls_back_with_a_warning_naming_the_compiler(monkeypatch, tmp_path):
+    compiled = failing_build(monkeypatch, tmp_path)
+    monkeypatch.delenv("LONGSPEC_REQUIRE_COMPILED", raising=False)
     with pytest.warns(UserWarning, match=r"-mavx512bf16.*g\+\+ 10 or later"):
         assert compiled.extension.__wrapped__() is None
+
+
+@pytest.mark.unit
+def test_a_failed_build_is_an_error_where_compiled_code_is_required(monkeypatch, tmp_path):
+    compiled = failing_build(monkeypatch, tmp_path)
+    monkeypatch.setenv("LONGSPEC_REQUIRE_COMPILED", "1")
+    with pytest.raises(RuntimeError, match=r"-mavx512bf16.*LONGSPEC_REQUIRE_COMPILED=1 makes "
+                                           r"that an error"):
+        compiled.extension.__wrapped__()
+    # asking for no compiled code is no failed build
+    monkeypatch.setenv("LONGSPEC_NATIVE", "0")
+    assert compiled.extension.__wrapped__() is None
 
 
 @pytest.mark.unit

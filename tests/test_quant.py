@@ -101,7 +101,7 @@ def test_q6_k_codes_and_scales_per_16_reproduce_gguf_dequantization_exactly():
 
 
 @pytest.mark.unit
-@pytest.mark.skipif(not int4_mm(), reason="Q6_K stays quantized only on longspec::int4_mm")
+@pytest.mark.compiled("int4_mm")      # Q6_K stays quantized only on longspec::int4_mm
 def test_q6_k_layer_weights_are_within_bfloat16_rounding_of_gguf():
     """A Q6_K matrix kept as 8-bit codes with its scales per 16, read back through one-hot
     rows (each one exact in int8: code 127, step 1 / 127)."""
@@ -129,7 +129,7 @@ def as_the_file_keeps_it(qtype: str) -> tuple[Int4Linear, Int4Linear]:
 
 
 @pytest.mark.unit
-@pytest.mark.skipif(not int4_mm(), reason="K-quants as the file keeps them: int4_mm only")
+@pytest.mark.compiled("int4_mm")      # K-quants as the file keeps them: int4_mm only
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
 def test_k_quants_as_the_file_keeps_them_give_the_same_bits_in_fewer_bytes(qtype):
     """int4_mm reads Q4_K's float16 d and dmin per 256 with 6-bit codes per 32, and Q6_K's

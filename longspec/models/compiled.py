@@ -4,7 +4,11 @@ per CPU instruction set). int4_mm.cpp registers the operator longspec::int4_mm w
 dispatcher (a CPU kernel and a meta one for its output's shape).
 Without a C++ compiler, or with LONGSPEC_NATIVE=0 in the environment, nothing is compiled: the
 layers run in Python and int4 products on ATen's kernel. Either is another kernel profile
-(profile.py): other bits, so other tokens sooner or later, and recorded as such."""
+(profile.py): other bits, so other tokens sooner or later, and recorded as such.
+With LONGSPEC_REQUIRE_COMPILED=1 (CI) a build that fails, or one for AVX2 or AVX-512 without
+longspec::int4_mm, is an error instead of a warning, so that the compiled code's tests fail
+rather than skip. LONGSPEC_NATIVE=0 wins over it: asking for no compiled code is a choice, not a
+failed build."""
 
 from __future__ import annotations
 
@@ -80,14 +84,45 @@ def _instruction_set() -> tuple[str, list[str]]:
     return isa.lower(), ISA_FLAGS.get(isa, [])
 
 
+def compiled_required() -> bool:
+    """Whether LONGSPEC_REQUIRE_COMPILED=1: a build that fails is an error."""
+    return os.environ.get("LONGSPEC_REQUIRE_COMPILED", "0") == "1"
+
+
 @functools.cache
 def extension() -> ModuleType | None:
-    """The compiled module, or None (with one warning saying why) where it cannot be built or
-    LONGSPEC_NATIVE=0."""
+    """The compiled module, or None where LONGSPEC_NATIVE=0, or where it cannot be built: with
+    one warning saying why, or a RuntimeError where `compiled_required()`."""
     if os.environ.get("LONGSPEC_NATIVE", "1") == "0":
         return None
-    from torch.utils import cpp_extension
     suffix, flags = _instruction_set()
+    built = _build(suffix, tuple(flags))
+    if isinstance(built, ModuleType):
+        if compiled_required() and suffix != "default" and not int4_mm_built():
+            raise RuntimeError(f"longspec's compiled kernels were built for {suffix} without "
+                               "longspec::int4_mm (int4_mm.cpp compiled without AVX2, F16C and "
+                               "FMA); LONGSPEC_REQUIRE_COMPILED=1 makes that an error")
+        return built
+    compiler = ("g++ 10 or later, which this CPU's bfloat16 instructions need"
+                if BF16_FLAGS[0] in flags else "g++")
+    if compiled_required():
+        raise RuntimeError(f"longspec's compiled kernels could not be built ({built}); "
+                           "LONGSPEC_REQUIRE_COMPILED=1 makes that an error: install a C++ "
+                           f"compiler ({compiler}) and ninja, or unset LONGSPEC_REQUIRE_COMPILED "
+                           "to run the layers in Python") from built
+    warnings.warn(f"longspec's compiled kernels could not be built ({built}); quantized models "
+                  "run in Python (slower on a CPU, and another kernel profile: tokens may "
+                  "differ from runs with the compiled layers). Install a C++ compiler "
+                  f"({compiler}) to enable them, or set LONGSPEC_NATIVE=0 to skip this "
+                  "attempt.", stacklevel=2)
+    return None
+
+
+@functools.cache
+def _build(suffix: str, flags: tuple[str, ...]) -> ModuleType | Exception:
+    """The build for this instruction set, or the error that stopped it (kept: a build that
+    failed is not tried again in this process)."""
+    from torch.utils import cpp_extension
     name = f"longspec_native_{suffix}"
     # where `load` keeps the build (the one place that knows its layout, though private)
     build = Path(cpp_extension._get_build_directory(name, verbose=False))
@@ -101,14 +136,7 @@ def extension() -> ModuleType | None:
             extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp", *flags],
             extra_ldflags=["-fopenmp"])
     except (RuntimeError, OSError, ImportError) as e:   # no compiler or ninja; a broken build
-        compiler = ("g++ 10 or later, which this CPU's bfloat16 instructions need"
-                    if BF16_FLAGS[0] in flags else "g++")
-        warnings.warn(f"longspec's compiled kernels could not be built ({e}); quantized models "
-                      "run in Python (slower on a CPU, and another kernel profile: tokens may "
-                      "differ from runs with the compiled layers). Install a C++ compiler "
-                      f"({compiler}) to enable them, or set LONGSPEC_NATIVE=0 to skip this "
-                      "attempt.", stacklevel=2)
-        return None
+        return e
 
 
 def _clear_stale_lock(lock: Path) -> None:
