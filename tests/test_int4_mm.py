@@ -7,6 +7,7 @@ are tested against these in test_quant.py."""
 
 import hashlib
 
+import numpy as np
 import pytest
 import torch
 from helpers import opcheck_int4_mm
@@ -16,20 +17,16 @@ from longspec.models.linear import pack_int4_mm, pack_int4_mm_16
 pytestmark = [pytest.mark.unit, pytest.mark.compiled("int4_mm")]
 
 
-def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, seed: int = 0):
-    """(codes, scale_min, W [out, k] float64) of a random matrix of 4-bit codes (two halves of
-    them when `doubled`), 5-bit ones or signed 8-bit ones; `bits` 6: Q6_K's form, signed codes
-    with a scale per 16 and no mins."""
+def plain_operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4,
+                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(codes [out, k'], scales, mins [out, k' / 32]) of a random matrix of 4-bit codes (two
+    halves of them, k' = 2k, when `doubled`), 5-bit ones or signed 8-bit ones; `bits` 6: Q6_K's
+    form, signed codes with scales [out, k / 16] and no mins."""
     g = torch.Generator().manual_seed(seed)
     if bits == 6:
         codes = torch.randint(-32, 32, (out, k), generator=g)
         scales = torch.rand(out, k // 16, generator=g) * 0.02
-        if half_scales:
-            scales = scales.half().float()
-        packed, scale = pack_int4_mm_16(codes, scales)
-        assert scale.dtype == (torch.float16 if half_scales else torch.float32)
-        return packed, scale, (codes.double().view(out, -1, 16)
-                               * scales.double()[..., None]).view(out, k)
+        return codes, scales.half().float() if half_scales else scales, None
     width = 2 * k if doubled else k
     codes = (torch.randint(0, 2 ** bits, (out, width), generator=g) if bits in (4, 5)
              else torch.randint(-128, 128, (out, width), generator=g))
@@ -37,13 +34,73 @@ def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, 
     mins = -torch.rand(out, width // 32, generator=g) * 0.1
     if half_scales:
         scales, mins = scales.half().float(), mins.half().float()
-    w = (codes.double().view(out, -1, 32) * scales.double()[..., None]
-         + mins.double()[..., None]).view(out, width)
-    if doubled:
-        w = w[:, :k] + w[:, k:]
-    packed, scale_min = pack_int4_mm(codes, scales, mins, bits)
+    return codes, scales, mins
+
+
+def operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4, seed: int = 0):
+    """(codes, scale_min, W [out, k] float64): plain_operands packed for longspec::int4_mm, and
+    the weights they stand for."""
+    codes, scales, mins = plain_operands(out, k, doubled, half_scales, bits, seed)
+    if mins is None:
+        packed, scale_min = pack_int4_mm_16(codes, scales)
+        w = (codes.double().view(out, -1, 16) * scales.double()[..., None]).view(out, k)
+    else:
+        packed, scale_min = pack_int4_mm(codes, scales, mins, bits)
+        w = (codes.double().view(out, -1, 32) * scales.double()[..., None]
+             + mins.double()[..., None]).view(out, -1)
+        if doubled:
+            w = w[:, :k] + w[:, k:]
     assert scale_min.dtype == (torch.float16 if half_scales else torch.float32)
     return packed, scale_min, w
+
+
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """a * b + c of float32 values with one rounding to float32, as a fused multiply-add makes
+    it: a * b is exact in float64, their sum with c is rounded to odd there (TwoSum gives its
+    error exactly), and a sum rounded to odd with 29 bits to spare rounds to float32 as the
+    exact one does."""
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c = c.astype(np.float64)
+    s = p + c
+    back = s - p
+    error = (p - (s - back)) + (c - back)
+    inexact = error != 0
+    s = np.where(inexact & (np.signbit(error) != np.signbit(s)), np.nextafter(s, 0), s)
+    return (s.view(np.int64) | inexact).view(np.float64).astype(np.float32)
+
+
+def int4_mm_definition(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                       mins: torch.Tensor | None) -> torch.Tensor:
+    """longspec::int4_mm as int4_mm.cpp's header defines it, on plain_operands: each row's
+    activations per group of 32 as int8 codes qx (step d = max |x| / 127, qx = x * (1 / d)
+    rounded half to even); per group the exact integer dot product of the codes with qx, then
+    acc = fma(dot, scale * d, acc) and offset = fma(min, d * sum(qx), offset) (scales per 16:
+    acc takes each half's dot and scale in turn); the output acc + offset, in x's dtype."""
+    rows, k = x.shape
+    groups = k // 32
+    x32 = x.float().numpy().reshape(rows, groups, 32)
+    step = np.abs(x32).max(-1) / np.float32(127)
+    inverse = np.divide(np.float32(1), step, out=np.zeros_like(step), where=step > 0)
+    qx = np.rint(x32 * inverse[..., None]).astype(np.int64)
+    total = step * qx.sum(-1).astype(np.float32)
+    q = codes.numpy().astype(np.int64)
+    sixteen = mins is None
+    scale = scales.float().numpy().reshape(len(q), -1, 2 if sixteen else 1)
+    acc = offset = np.zeros((rows, len(q)), np.float32)
+    for g in range(q.shape[1] // 32):
+        gx = g % groups                # two halves: the second takes the first's activations
+        w = q[:, 32 * g:32 * g + 32]
+        steps = step[:, gx, None]
+        if sixteen:
+            for h in (0, 1):
+                dot = qx[:, gx, 16 * h:16 * h + 16] @ w[:, 16 * h:16 * h + 16].T
+                acc = fma32(dot.astype(np.float32), scale[None, :, g, h] * steps, acc)
+        else:
+            dot = qx[:, gx] @ w.T
+            acc = fma32(dot.astype(np.float32), scale[None, :, g, 0] * steps, acc)
+            offset = fma32(np.broadcast_to(mins.numpy()[None, :, g], acc.shape),
+                           np.broadcast_to(total[:, gx, None], acc.shape), offset)
+    return torch.from_numpy(acc + offset).to(x.dtype)
 
 
 # (out, k, doubled, float16 scales, bits)
@@ -51,6 +108,28 @@ CASES = [(96, 128, False, True, 4), (64, 192, True, True, 4), (160, 64, False, F
          (32, 96, True, False, 4), (48, 128, False, True, 8), (64, 192, False, False, 8),
          (64, 256, False, True, 6), (48, 96, False, False, 6), (64, 192, False, True, 5),
          (48, 96, False, False, 5)]
+
+
+# matrices of one tile and odd numbers of groups (1, 3, 5, the halves' 10): no tile or group
+# count a multiple of two, nor of the 8 groups the kernel prefetches ahead
+TAILS = [(16, 32, False, True, 4), (16, 160, True, False, 4), (48, 96, False, True, 4),
+         (16, 32, False, False, 8), (16, 160, False, True, 5), (16, 32, False, True, 6),
+         (32, 160, False, False, 6)]
+
+
+@pytest.mark.parametrize("out,k,doubled,half_scales,bits", CASES + TAILS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_product_is_bitwise_its_definition(out, k, doubled, half_scales, bits, dtype):
+    """Against int4_mm_definition, for 1 and 2 rows and 15 (a block of 8, one of 4 and one of
+    3: every block size the kernel runs), rows of values far apart in size."""
+    codes, scales, mins = plain_operands(out, k, doubled, half_scales, bits)
+    packed, scale_min, _ = operands(out, k, doubled, half_scales, bits)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(15, k, generator=g) * 4.0 ** torch.arange(-7, 8)[:, None]).to(dtype)
+    for rows in (x[:1], x[7:9], x):
+        expected = int4_mm_definition(rows, codes, scales, mins)
+        assert torch.equal(torch.ops.longspec.int4_mm(rows, packed, scale_min), expected), \
+            len(rows)
 
 
 @pytest.mark.parametrize("out,k,doubled,half_scales,bits", CASES)
