@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .compiled import int4_mm
 from .config import ModelConfig, config_from_hf
 from .quant import KERNEL_TYPES, SIXTEEN_TYPES, Blocks, unpermute_rows
 
@@ -196,8 +197,10 @@ def gguf_tensors(reader, config: ModelConfig, dtype: torch.dtype,
 
 
 def is_quantized(reader) -> bool:
-    """Whether the file holds matrices the int4 kernel can run without dequantizing."""
-    return any(t.tensor_type.name in KERNEL_TYPES and len(t.shape) == 2 for t in reader.tensors)
+    """Whether the file holds matrices the int4 kernel can run without dequantizing (Q6_K ones
+    where longspec::int4_mm runs: build.py keeps them quantized there)."""
+    types = {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
+    return bool(types & set(KERNEL_TYPES)) or bool(types & set(SIXTEEN_TYPES)) and int4_mm()
 
 
 def gguf_tokenizer(reader, path: Path):
