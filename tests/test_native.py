@@ -1,6 +1,7 @@
 """The operator longspec::attention and the compiled decoder layers (models/native.cpp), for
-every kind of product (Q4_1, Q8_0 as two halves, biases, dense products beside int4 ones) and
-for Qwen3's query and key norms:
+every kind of product (every weight format the loader keeps quantized, on longspec::int4_mm and
+on ATen's int4 kernel; mixes of formats in one product; biases; dense products beside int4 ones,
+at shapes off the int4 kernels' tiles) and for Qwen3's query and key norms:
 - the compiled layers write exactly what the Python layers (Block.forward with the operator)
   write: the same logits, queries and cache, bit for bit, for chains and draft trees;
 - every row of a chain or a tree is bitwise what its token gets run alone after its ancestors,
@@ -15,7 +16,10 @@ from torch import library
 
 import longspec
 from longspec.cache import StaticCache
+from longspec.models import build, linear
 from longspec.models.attention import block_order
+from longspec.models.compiled import int4_mm
+from longspec.models.linear import DenseLinear, Int4Linear, RowParts, inner_products
 from longspec.models.prefill import prefill
 from longspec.tree import TreeShape
 
@@ -32,14 +36,24 @@ def int4_models(path, family: str):
     hidden = {"head48": 288, "head64": 384}.get(family.rsplit("-", 1)[-1], 192)
     hf = make_checkpoint(path / "hf", kind[0] if kind else family, hidden=hidden,
                          intermediate=512, heads=6, kv_heads=2, vocab=320, max_positions=1024)
-    if kind:
-        write_gguf(hf, path / "m.gguf", kind[1])
-        load = {"path": path / "m.gguf"}
-    else:
+    return loads(hf, path, kind[1] if kind else "q4")
+
+
+def loads(hf, path, weights: str | dict[str, str]):
+    """(compiled, python) loads of the checkpoint `hf` saved in path / "hf": its matrices in a
+    GGUF file of `weights` (write_gguf's formats), or "q4": quantized at load. The Python ones
+    run the same int4 kernel and attention."""
+    if weights == "q4":
         load = {"path": path / "hf", "quantize": "q4"}
+    else:
+        write_gguf(hf, path / "m.gguf", weights)
+        load = {"path": path / "m.gguf"}
     compiled = longspec.load_model(**load, device="cpu")
+    if compiled.net.native is None and inner_products(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("dense bfloat16 products run as oneDNN's inner product on this CPU, which "
+                    "the compiled layers do not make")
     python = longspec.load_model(**load, device="cpu")
-    python.net.native = None    # the Python layers, with the same int4 kernel and attention
+    python.net.native = None
     assert compiled.net.native is not None and python.net.loops
     return compiled, python
 
@@ -68,9 +82,9 @@ def blocks():
     return [(tokens[:len(shape.depth)], shape) for shape in shapes]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_compiled_layers_equal_the_python_layers_bitwise(tmp_path, family):
-    compiled, python = int4_models(tmp_path, family)
+def assert_forwards_equal_bitwise(compiled, python) -> None:
+    """The compiled layers' logits, queries and cache are the Python layers', bit for bit, for
+    every block of `blocks()` after the same context."""
     caches = [prefilled(model) for model in (compiled, python)]
     for tokens, shape in blocks():
         q = len(shape.depth)
@@ -79,6 +93,62 @@ def test_compiled_layers_equal_the_python_layers_bitwise(tmp_path, family):
         assert torch.equal(ours[0], theirs[0]), f"logits differ for {q} nodes"
         assert all(map(torch.equal, ours[1], theirs[1])), f"queries differ for {q} nodes"
         assert all(map(torch.equal, ours[2], theirs[2])), f"caches differ for {q} nodes"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_layers_equal_the_python_layers_bitwise(tmp_path, family):
+    assert_forwards_equal_bitwise(*int4_models(tmp_path, family))
+
+
+# Every format the loader keeps quantized (quant.py: Q6_K where longspec::int4_mm runs, else
+# dense, so that a file of Q6_K alone leaves the compiled layers no int4 product there), and
+# mixes: llama.cpp's Q4_K_M (q|k in Q4_K beside v in Q6_K: one product of two parts where
+# int4_mm runs, else dense), and q|k beside v in another format on either int4 kernel, with a
+# dense product (F16) beside them
+FORMATS = {"Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q8_0": "Q8_0", "Q5_0": "Q5_0", "Q4_K": "Q4_K",
+           "Q5_K": "Q5_K", "Q6_K": "Q6_K",
+           "Q4_K_M": {"default": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K"},
+           "Q4_0+Q8_0+F16": {"default": "Q4_0", "attn_v": "Q8_0", "ffn_down": "F16"}}
+
+
+@pytest.mark.parametrize("weights,kernel", [(w, k) for w in sorted(FORMATS)
+                                            for k in ("int4_mm", "aten")
+                                            if (w, k) != ("Q6_K", "aten")])  # dense: no int4
+def test_compiled_layers_equal_the_python_layers_bitwise_in_every_weight_format(
+        tmp_path, monkeypatch, weights, kernel):
+    """Heads of 64 (K-quants' superblocks of 256 take hidden and intermediate sizes of a
+    multiple of 256), int4 products on longspec::int4_mm and on ATen's kernel (the one CPUs
+    without AVX2 run)."""
+    if kernel == "int4_mm" and not int4_mm():
+        pytest.skip("longspec::int4_mm is built for CPUs with AVX2 or AVX-512 only")
+    for module in (build, linear):
+        monkeypatch.setattr(module, "int4_mm", lambda: kernel == "int4_mm")
+    hf = make_checkpoint(tmp_path / "hf", "llama", hidden=256, intermediate=512, heads=4,
+                         kv_heads=2, vocab=320, max_positions=1024)
+    compiled, python = loads(hf, tmp_path, FORMATS[weights])
+    assert compiled.profile.int4_kernel == kernel
+    if weights == "Q4_0+Q8_0+F16":
+        assert isinstance(compiled.net.layers[0].wqkv, RowParts)
+        assert isinstance(compiled.net.layers[0].w_down, DenseLinear)
+    assert_forwards_equal_bitwise(compiled, python)
+
+
+@pytest.mark.parametrize("weights", ["q4", {"default": "Q4_0", "ffn_down": "F16"}],
+                         ids=["quantized at load", "Q4_0+F16"])
+@pytest.mark.parametrize("intermediate", [165, 168])
+def test_compiled_layers_equal_the_python_layers_bitwise_at_shapes_off_the_tiles(
+        tmp_path, weights, intermediate):
+    """Intermediate sizes of 16k + 5 and 16k + 8: a gate|up product of 16k + 10 outputs
+    (dense: the int4 kernels take outputs in tiles of 16), or of 16k (int4, though neither part
+    is a whole number of tiles), and a down product over K of neither a multiple of 32 nor of
+    16 (dense: the int4 kernels take K in groups of 32); a vocabulary of 16k + 5."""
+    hf = make_checkpoint(tmp_path / "hf", "llama", hidden=192, intermediate=intermediate,
+                         heads=6, kv_heads=2, vocab=325, max_positions=1024)
+    compiled, python = loads(hf, tmp_path, weights)
+    layer = compiled.net.layers[0]
+    assert isinstance(layer.wqkv, Int4Linear) and isinstance(layer.w_down, DenseLinear)
+    assert isinstance(layer.w_gate_up, Int4Linear if intermediate == 168 else DenseLinear)
+    assert_forwards_equal_bitwise(compiled, python)
 
 
 def alone(model, cache, tokens: list[int]) -> torch.Tensor:
