@@ -46,6 +46,8 @@ def test_unknown_method_option_is_rejected(model):
         longspec.generate(model, [1, 2], max_new_tokens=2, method="pld", options={"gamma1": 3})
     with pytest.raises(ValueError, match="positive integer"):
         longspec.generate(model, [1, 2], max_new_tokens=2, method="pld", options={"max_depth": 0})
+    with pytest.raises(ValueError, match="option gate must be one of measured, off"):
+        longspec.generate(model, [1, 2], max_new_tokens=2, method="auto", options={"gate": False})
 
 
 def test_draft_model_with_another_vocabulary_is_rejected(model, tmp_path):

@@ -29,16 +29,22 @@ NEW_TOKENS = 1024
 BF16_NEW_TOKENS = 512
 # small retrieval and partial caches, so that they select and rank within these short runs;
 # scored trees at a fixed size, so that drafts are verified whatever the measured costs say
-# ("auto" keeps adaptive sizing: it is the default and must be exact as it is)
+# ("auto" keeps adaptive sizing, as the default it is, with its gate off so that it drafts
+# every step: measured against plain steps, drafting may lose and leave nothing to check;
+# `auto[fixed]` and the others keep the gate)
 FIXED = {"sizing": "fixed"}
-# the draft model's head over half the vocabulary and the text's blocks (with int4 weights)
+# the draft model's head over half the vocabulary and the text's blocks (with int4 weights);
+# sized adaptively on a CPU, fixed on CUDA: there the demo draft model's step (launch-bound)
+# costs about the target's, so the sizer may rightly draft nothing and fail the check that
+# drafts were accepted (the likely cause of the one `draft` failure on an H100, not captured;
+# BENCHMARKS.md)
 OPTIONS = {"selfspec": {"retrieval_budget": 128, "rebuild_every": 64},
-           "draft": {"draft_vocab": 4096, **FIXED},
+           "draft": {"draft_vocab": 4096, **({} if DEVICE == "cpu" else FIXED)},
            "triforce": {"retrieval_budget": 128, "rebuild_every": 64, "streaming_window": 64,
                         "draft_vocab": 4096},
            "tokenswift": {"partial_budget": 96, **FIXED}, "suffix": FIXED, "ngram": FIXED,
-           "recycling": FIXED, "heads": FIXED, "eagle": FIXED, "auto[fixed]": FIXED,
-           "auto[eagle]": FIXED, "auto[draft]": FIXED}
+           "recycling": FIXED, "heads": FIXED, "eagle": FIXED, "auto": {"gate": "off"},
+           "auto[fixed]": FIXED, "auto[eagle]": FIXED, "auto[draft]": FIXED}
 # `auto[draft]`: `auto` with the draft model's chains among its sources
 METHODS = ["auto", "auto[fixed]", "auto[eagle]", "auto[draft]", "suffix", "pld", "ngram",
            "recycling", "heads", "tokenswift", "eagle", "draft", "selfspec", "triforce"]
@@ -89,9 +95,7 @@ def check_matches_ar(entry: str, setting: str, prompt: str, new_tokens: int,
     got = tuple(res.token_ids)
     first_difference = next((i for i, (a, b) in enumerate(zip(got, expect)) if a != b), None)
     assert first_difference is None and len(got) == len(expect) == new_tokens
-    # the drafts were used (auto sizes its trees by measured costs, which may say no)
-    if entry != "auto":
-        assert res.stats["accepted_draft_tokens"] > 0
+    assert res.stats["accepted_draft_tokens"] > 0       # the drafts were checked, and used
 
 
 @pytest.mark.slow

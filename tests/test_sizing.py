@@ -159,12 +159,17 @@ def test_auto_never_forces_a_plain_step_where_drafting_pays():
     assert arms_taken(60, 2.5, 1.3).count(False) == 1     # the one that measured it
 
 
+def auto_drafter(model, text: list[int], gate: str = "measured") -> AutoDrafter:
+    drafter = AutoDrafter(model, Sampler(SamplingConfig(temperature=0), 0, text, 300, CPU), None,
+                          context=256, gate=gate)
+    drafter.prefill(text, None)
+    return drafter
+
+
 def step_told_plain(model, text: list[int]) -> int:
     """The nodes of `auto`'s step after `text` when its gate says to take a plain one."""
-    drafter = AutoDrafter(model, Sampler(SamplingConfig(temperature=0), 0, text, 300, CPU), None,
-                          context=256)
+    drafter = auto_drafter(model, text)
     drafter.gate.choose = lambda: False
-    drafter.prefill(text, None)
     return drafter.propose(text, Budget(8, 4)).n
 
 
@@ -172,3 +177,8 @@ def test_auto_drafts_where_the_suffix_matches_are_sure_though_its_gate_says_plai
     """A stretch where the text repeats is drafted at once, not at the gate's next retry."""
     assert step_told_plain(tiny_model, [5, 6, 7, 8] * 12) > 1
     assert step_told_plain(tiny_model, list(range(40, 88))) == 1     # no match: a plain step
+
+
+def test_auto_with_its_gate_off_drafts_where_nothing_matches(tiny_model):
+    text = list(range(40, 88))
+    assert auto_drafter(tiny_model, text, gate="off").propose(text, Budget(8, 4)).n > 1

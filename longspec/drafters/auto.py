@@ -10,7 +10,8 @@ was best; the engine calibrates each source's estimates from what the target acc
 verifies the prefix of the trie that pays most (sizing.py), so a source that guesses badly on
 this text is simply cut away. Where no source pays at all (sampling at T=1 without a filter),
 drafting itself is measured against plain steps and left out while it loses (StepRates), except
-in steps where the suffix matches are sure of the next token (SURE_SUFFIX).
+in steps where the suffix matches are sure of the next token (SURE_SUFFIX); option gate="off"
+drafts every step instead (the equality tests, which must see drafts verified).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .draft_model import SPEC as DRAFT_SPEC
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter
 from .recycling import RecyclingDrafter
-from .registry import MethodSpec
+from .registry import MethodSpec, Option
 from .suffix import SuffixDrafter
 
 # by the source ids nodes carry
@@ -48,6 +49,8 @@ EXPLORE_EVERY = 16      # steps after which the arm not chosen is tried again (S
 # has at least this calibrated chance (their lookup costs ~0.06 ms): drafts pay in stretches
 # where the text repeats, which a drafting step every EXPLORE_EVERY finds late.
 SURE_SUFFIX = 0.5
+# "measured": drafting steps against plain ones, as above; "off": a drafting step every step
+GATES = ("measured", "off")
 
 
 class StepRates:
@@ -81,10 +84,10 @@ class AutoDrafter(Drafter):
     needs_prefill_logits = True
 
     def __init__(self, model, sampler, drafter, context: int, draft_model=None,
-                 capacity: int = 0):
+                 capacity: int = 0, gate: str = GATES[0]):
         """`drafter`: an EAGLE drafter's directory (or loaded one), or None for the one bundled
         for the model, when there is; `draft_model`: a draft model, or None, and `capacity`
-        the slots its KV cache needs."""
+        the slots its KV cache needs; `gate`: one of GATES."""
         self.device = model.device
         self.model = model
         self.trust = calibration(model, SPEC_NAME, sampler.config)
@@ -102,7 +105,8 @@ class AutoDrafter(Drafter):
         # drafting at all (True) or a plain step (False): where no draft pays (sampling at T=1
         # without a filter: `auto` on SmolLM2 ran 0.80-0.99x `ar` drafting every step), plain
         # steps, with a drafting step every EXPLORE_EVERY; where drafts pay, no forced plain one
-        self.gate = StepRates(retried=(True,))
+        # (None: gate "off", every step drafts)
+        self.gate = StepRates(retried=(True,)) if gate == "measured" else None
         self.rates = StepRates()     # in unsure steps: with the sources that run a model or not
         self.drafting, self.started, self.measuring = True, 0.0, 0.0
         self.cost: StepCost | None = None          # the target's step costs, for their timings
@@ -129,7 +133,7 @@ class AutoDrafter(Drafter):
         self.step = None
         self.suffix.add_drafts(trie, committed, budget)
         sure = self.suffix_chance(trie)
-        self.drafting = self.gate.choose() or sure >= SURE_SUFFIX
+        self.drafting = self.gate is None or self.gate.choose() or sure >= SURE_SUFFIX
         if not self.drafting:                        # the root alone: a plain step
             return TrieBuilder(committed[-1], 1, budget.max_depth).build(self.device)
         models = self.eagle is not None or self.draft_model is not None
@@ -155,7 +159,8 @@ class AutoDrafter(Drafter):
     def observe(self, tree, target_out, verdict) -> None:
         now = time.perf_counter()
         measuring = self.cost.measuring_s - self.measuring    # the sizer's timings: not a step's
-        self.gate.record(self.drafting, len(verdict.tokens), now - self.started - measuring)
+        if self.gate is not None:
+            self.gate.record(self.drafting, len(verdict.tokens), now - self.started - measuring)
         if self.step is not None:
             arm, started = self.step
             self.rates.record(arm, len(verdict.tokens), now - started)
@@ -183,5 +188,6 @@ SPEC = MethodSpec(
     "EAGLE drafter, a draft model when given) in one scored trie, verified as far as it pays "
     "(the default)",
     budget=Budget(48, 24), needs_heads=True, draft_model="optional", stats=("sources",),
+    options={"gate": Option(GATES[0], choices=GATES)},
     build=lambda s: AutoDrafter(s.model, s.sampler, s.heads, s.context, s.draft_model,
-                                s.capacity))
+                                s.capacity, s.options["gate"]))
