@@ -27,7 +27,7 @@ n = 1 is a plain decoding step.
   with 2, a suffix source whose first ten drafts copied the prompt and failed was written off
   for the whole 1,024-token answer in 9 of 14 runs (no draft verified after them, 0.9x plain
   decoding on the AVX2 profile); with 4, in none of 6, while `auto` over four chat answers
-  moved within the runs' noise on the AVX-512 profile (BENCHMARKS.md).
+  moved within the runs' noise on the AVX-512 profile (docs/benchmarks/speculation.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Prefix invariance: the first tokens of a run are the same whatever max_new_tokens, the stop
 strings or the method, because the arithmetic a position gets depends on the model, its kernel
-profile and the position alone (DESIGN.md section 10). Runs of 3,000 new tokens cross every
-length the code knows: attention's 256-position chunks, the prefill's chunking, and 2,048
-positions, where the compiled layers once switched from loops to products; on a tiny model with
-4K positions, dense float32 and int4 (the compiled layers where a compiler is). CI runs this file
-under every kernel profile it can emulate (.ci/run)."""
+profile and the position alone (docs/design.md, "What exactness rests on"). Runs of 3,000 new
+tokens cross every length the code has known: attention's 256-position chunks, the prefill's
+chunking, and 2,048 positions (where an earlier version's compiled layers switched from loops to
+products); on a tiny model with 4K positions, dense float32 and int4 (the compiled layers where a
+compiler is). CI runs this file under every kernel profile it can emulate (.ci/run)."""
 
 import functools
 

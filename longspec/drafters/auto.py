@@ -40,8 +40,8 @@ DRAFT_MODEL_BUDGET = DRAFT_SPEC.budget   # the draft model's chain within it (`d
 # likeliest next token has a calibrated chance below this: where they are surer, the few tokens
 # more rarely paid for the forwards (SmolLM2, 3 chat prompts: `auto` with the EAGLE drafter ran
 # 0.77x `auto` without it greedy and 0.68x at T=0.7 when it drafted every step, 0.97-0.99x
-# and 0.90-0.95x with 0.3; BENCHMARKS.md). The steps they skip reach their caches in one
-# forward when they next draft.
+# and 0.90-0.95x with 0.3; docs/benchmarks/speculation.md). The steps they skip reach their caches
+# in one forward when they next draft.
 MODELS_BELOW = 0.3
 RATE_SMOOTHING = 0.1    # weight of a step in its arm's running tokens and seconds (StepRates)
 EXPLORE_EVERY = 16      # steps after which the arm not chosen is tried again (StepRates)

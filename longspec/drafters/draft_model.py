@@ -11,7 +11,7 @@ more node adds to the target's step: sizing.py's StepCost). The chain is scored 
 own chances, so the engine's sizer then verifies the prefix that pays most. Measured on a
 2-core CPU, a step of Qwen2.5-Coder-0.5B costs ~0.46 of one of its 1.5B sibling over its draft
 vocabulary (`draft_vocab`: chain.py; ~0.58 over the whole) and a 1.5B step over 8 nodes ~2.5 of
-one over 1: on 2 cores the 0.5B pays on code, not on prose (BENCHMARKS.md).
+one over 1: on 2 cores the 0.5B pays on code, not on prose (docs/benchmarks/speculation.md).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class DraftSetup:
 class MethodSpec:
     name: str
     summary: str                          # what it drafts from (CLI help, README)
-    budget: Budget                        # default draft budget, measured (BENCHMARKS.md)
+    budget: Budget                        # default draft budget, measured (docs/benchmarks/)
     build: Callable[[DraftSetup], Drafter]
     options: Mapping[str, Option] = field(default_factory=dict)
     # "needed": it drafts with a draft model (draft, triforce); "optional": it adds one's drafts

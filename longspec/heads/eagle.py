@@ -42,7 +42,8 @@ FORMAT = 2                    # 2: post-norm features, an output norm, the draft
 INIT_STD = 0.02
 PRODUCTS = ("fc", "wqkv", "wo", "w_gate_up", "w_down")
 # how the drafter's products are kept for drafting where longspec::int4_mm runs: 8-bit codes
-# per 32 weights (Q8_0's form), ~6x a bfloat16 product's speed for one row (BENCHMARKS.md)
+# per 32 weights (Q8_0's form), ~6x a bfloat16 product's speed for one row
+# (docs/benchmarks/speculation.md)
 DRAFTING_QUANT = "q8"
 SLOT_BLOCK = 64               # the feature cache is read in blocks of this many slots
 

@@ -3,7 +3,7 @@ whatever q is and whatever the other rows hold, so a draft-tree node's logits eq
 the same token run alone, and speculation writes exactly what plain decoding writes.
 
 Measured on x86 CPUs with AVX-512 bfloat16, with and without AMX, and with AVX2 only (torch 2.13
-and 2.15, oneDNN; BENCHMARKS.md), and checked on the host at every load (selfcheck.py):
+and 2.15, oneDNN; docs/benchmarks/kernels.md), and checked on the host at every load (selfcheck.py):
 - bfloat16 `F.linear` (oneDNN brgemm) is row-invariant from 2 to 32 rows. A 1-row product
   may take another path (without AMX above K = 1024; with AMX on torch 2.15 at any K): it
   runs as two rows. With AMX, products of more than 32 rows sum some rows otherwise (K of
@@ -20,8 +20,8 @@ and 2.15, oneDNN; BENCHMARKS.md), and checked on the host at every load (selfche
 - the int4 weight-only kernel (`_weight_int4pack_mm_for_cpu`, bfloat16 activations) is
   row-invariant for 1..64 rows as it is; so is longspec::int4_mm (int4_mm.cpp), by
   construction (Int4Linear).
-On CUDA (cuBLAS; measured on an H100 with torch 2.11, BENCHMARKS.md): a float32 product of 1
-row takes another kernel than one of 2 or more, float32 products of 80 rows or more sum rows
+On CUDA (cuBLAS; measured on an H100 with torch 2.11, docs/benchmarks/cuda.md): a float32 product
+of 1 row takes another kernel than one of 2 or more, float32 products of 80 rows or more sum rows
 otherwise than one of 64, and so do bfloat16 ones of 128 rows or more at K = 8960 (a 1.5B
 model's down projection). Every product runs as 64-row parts, fewer rows padded with zero rows to 64
 (CUDA_ROWS): one shape, so one kernel, for a token alone, a draft tree's row and a prompt's.
@@ -222,10 +222,10 @@ class Int4Linear(nn.Module):
     On a CPU with AVX2 (AVX-512 and AMX included) it is longspec::int4_mm: the activations
     quantized to int8 per 32 as llama.cpp does, integer dot products per group on tiles of 16
     outputs, scales and mins exact, two halves joined into 5-bit codes (Q5_0, Q5_K) or 8-bit
-    ones (Q8_0) where they can be (3-4x ATen's speed for one row, 2-3x for 16; BENCHMARKS.md),
-    for matrices of a multiple of 16 outputs. Without the compiled kernels it is ATen's int4
-    kernel, W = (q - 8) * scale + zero with the scale and zero in bfloat16. Both are
-    row-invariant."""
+    ones (Q8_0) where they can be (3-4x ATen's speed for one row, 2-3x for 16;
+    docs/benchmarks/kernels.md), for matrices of a multiple of 16 outputs. Without the compiled
+    kernels it is ATen's int4 kernel, W = (q - 8) * scale + zero with the scale and zero in
+    bfloat16. Both are row-invariant."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  doubled: bool, bias: torch.Tensor | None = None, group: int = 32,

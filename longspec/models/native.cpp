@@ -161,8 +161,8 @@ Tensor combine(const Tensor& partials, int64_t q_len) {
 // faster from 2K positions: queries stay bfloat16 and each lane sums pairs of products by that
 // instruction; the probabilities are rounded to bfloat16 and summed with the values two keys at
 // a time (sum_products, accumulate_keys below).
-// Heads, key tiles and chunks run in parallel. Two small bfloat16 products through oneDNN
-// cost ~25 us each a layer whatever their size.
+// Heads, key tiles and chunks run in parallel. Loops, not two small bfloat16 products through
+// oneDNN, which cost ~25 us each a layer whatever their size.
 constexpr int64_t LANES = 16;
 typedef float eight_t __attribute__((vector_size(8 * sizeof(float))));
 

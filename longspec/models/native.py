@@ -8,15 +8,15 @@ generation's first tokens do not depend on how long it will be. Every forward (p
 decoding, drafts) takes them, so the prompt's cache is what decoding would write and every row
 is what its token gets alone. Against the products (oneDNN) they cost 0.2-0.66x on a CPU with
 only AVX2 (300 to 4K positions) and 0.76-1.25x on AVX-512 without AMX (more than the products
-past ~2K positions; BENCHMARKS.md). On CPUs with AVX-512's bfloat16 dot products (AMX ones
-included) the loops sum with them, another arithmetic 1.4-1.5x faster from 2K positions
+past ~2K positions; docs/benchmarks/kernels.md). On CPUs with AVX-512's bfloat16 dot products (AMX
+ones included) the loops sum with them, another arithmetic 1.4-1.5x faster from 2K positions
 (compiled.py's AVX512_BF16 build).
 
 A decoding step of SmolLM2-135M makes ~2,000 framework calls, most of them views, slices and
 casts of a microsecond or two of work, and from Python each costs more than its work: a step's
-products take ~6 ms of its ~18 (BENCHMARKS.md). For a quantized model native.cpp makes the same
-calls in the same order from C++ (`Block.forward` with longspec::attention, chains and draft
-trees alike), so its output is bitwise the Python layers' (tests/test_native.py) at ~0.6x the
+products take ~6 ms of its ~18 (docs/benchmarks/kernels.md). For a quantized model native.cpp makes
+the same calls in the same order from C++ (`Block.forward` with longspec::attention, chains and
+draft trees alike), so its output is bitwise the Python layers' (tests/test_native.py) at ~0.6x the
 time of a step.
 
 It is compiled on first use (compiled.py). Without a C++ compiler, or with LONGSPEC_NATIVE=0 in

@@ -1,12 +1,12 @@
 """The kernel profile: every choice that changes the bits of a forward, fixed when a model loads.
 
 A token's logits must be bitwise the same whether it is computed alone, as a row of a draft
-tree, early in a short run or late in a long one (DESIGN.md section 10). That holds within one
-profile: the same model on the same kernels makes the same choices at every position, never by
-a run's length. Another profile (another instruction set, another torch, the compiled layers or
-not, another version of the code that computes them) gives other bits and so, sooner or later,
-other tokens. So the profile is named in full, recorded with every run (stats, the sidecar, the
-server) and compared on resume.
+tree, early in a short run or late in a long one (docs/design.md, "What exactness rests on").
+That holds within one profile: the same model on the same kernels makes the same choices at
+every position, never by a run's length. Another profile (another instruction set, another
+torch, the compiled layers or not, another version of the code that computes them) gives other
+bits and so, sooner or later, other tokens. So the profile is named in full, recorded with every
+run (stats, the sidecar, the server) and compared on resume.
 
 Switches that choose a profile (README, "Kernel profiles"):
 - LONGSPEC_NATIVE=0: no compiled code (native.py): the Python layers, attention as products,

@@ -17,8 +17,8 @@ formats map onto it exactly (every value in float32 equals `gguf.quants.dequanti
 finer than those groups: longspec::int4_mm takes it as signed codes q - 32 with the scales d sc
 per 16 and no mins (`sixteen_operands`), kept as 6 bits with d and sc apart (`q6_factors`); the
 other kernels take it dense. int4_mm also takes Q4_K's d, dmin, sc and mn apart (`k_factors`).
-How each kernel rounds the scales and mins is Int4Linear's to say (tests and BENCHMARKS.md give
-the bounds).
+How each kernel rounds the scales and mins is Int4Linear's to say (tests and
+docs/benchmarks/kernels.md give the bounds).
 """
 
 from __future__ import annotations
