@@ -160,7 +160,9 @@ class Engine:
         try:
             with memory:
                 self.start(prompt_ids)
-                begin = time.perf_counter()
+                # decode_s counts the loop's own time: not the caller's with a chunk (writing
+                # it out, detokenizing), so a streamed run is timed as a collected one is
+                begin: float | None = time.perf_counter()
                 try:
                     while not self.done:
                         tree = self.propose()
@@ -169,11 +171,14 @@ class Engine:
                         verdict = verify(tree, target, self.sampler)
                         self.sizer.cost.observe(tree.n, time.perf_counter() - step_begin)
                         new = self.commit(tree, target, verdict)
-                        self.stats.decode_s = time.perf_counter() - begin
+                        self.stats.decode_s += time.perf_counter() - begin
+                        begin = None
                         yield new
+                        begin = time.perf_counter()
                 finally:
                     self._sync()
-                    self.stats.decode_s = time.perf_counter() - begin
+                    if begin is not None:
+                        self.stats.decode_s += time.perf_counter() - begin
                     self.drafter.finish(self.tokens)
         finally:
             self.stats.peak_memory_bytes = memory.peak
