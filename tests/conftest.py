@@ -2,7 +2,6 @@
 file, and an EAGLE drafter for the demo model trained in the session (a few seconds); and the
 `compiled` mark of the compiled code's tests."""
 
-import os
 import sysconfig
 from pathlib import Path
 
@@ -19,10 +18,8 @@ DEMO_DATA = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "queue.py", "
 def compiled_code_absent(int4_mm: bool) -> str | None:
     """Why the compiled code (and, with `int4_mm`, longspec::int4_mm) is not here, or None.
     Under LONGSPEC_REQUIRE_COMPILED=1 a build that fails raises (compiled.py's extension)."""
-    if os.environ.get("LONGSPEC_NATIVE", "1") == "0":
-        return "LONGSPEC_NATIVE=0: no compiled code"
     if extension() is None:
-        return "the compiled code cannot be built here (no compiler)"
+        return "no compiled code here: LONGSPEC_NATIVE=0, or no compiler (a warning said so)"
     if int4_mm and not int4_mm_built():
         return "longspec::int4_mm is built for CPUs with AVX2 or AVX-512 only"
     return None
