@@ -1,5 +1,7 @@
 """The public API on a tiny checkpoint: stream equals generate, early close keeps the text."""
 
+import time
+
 import pytest
 from helpers import make_checkpoint
 
@@ -29,6 +31,19 @@ def test_closing_a_stream_early_keeps_what_was_committed(model):
     first = next(it).token_ids + next(it).token_ids
     s.close()
     assert s.result.token_ids == first and s.result.stats["new_tokens"] == len(first)
+
+
+def test_decode_time_leaves_out_the_callers_time_with_each_chunk(model):
+    """A streamed run is timed as a collected one: the time the caller spends with a chunk
+    (writing it out) is not decoding, here nor when the caller closes the stream early."""
+    for close_after in (None, 3):
+        s = longspec.stream(model, [1, 2, 3], max_new_tokens=8, method="ar", ignore_eos=True)
+        begin, held = time.perf_counter(), 0
+        for held, _ in enumerate(s, start=1):
+            time.sleep(0.05)
+            if held == close_after:
+                s.close()
+        assert s.result.stats["decode_s"] <= time.perf_counter() - begin - 0.05 * held
 
 
 def test_eos_ends_generation_and_is_kept(model):
