@@ -1,6 +1,7 @@
 """Fixtures shared by the drafter tests: a tiny random model that trains on bytes, a text
-file, and an EAGLE drafter for the demo model trained in the session (a few seconds); and the
-`compiled` mark of the compiled code's tests."""
+file, an EAGLE drafter for the demo model trained in the session (a few seconds) and step costs
+that do not depend on how busy the machine is; and the `compiled` mark of the compiled code's
+tests."""
 
 import sysconfig
 from pathlib import Path
@@ -10,6 +11,7 @@ from helpers import make_checkpoint
 
 import longspec
 from longspec.models.compiled import extension, int4_mm_built
+from longspec.sizing import StepCost
 
 # standard-library files the demo model saw in training: ~19K tokens
 DEMO_DATA = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "queue.py", "heapq.py")
@@ -38,6 +40,29 @@ def pytest_runtest_call(item):
         pytest.fail(str(e), pytrace=False)
     if absent is not None:
         pytest.skip(absent)
+
+
+def flat_step_seconds(n: int) -> float:
+    """The step cost `costs_that_pay` reports for a tree of n nodes: one second, and 2% more a
+    node (the demo model's steps on a fast CPU are about as flat: its size is overhead)."""
+    return 1.0 + 0.02 * n
+
+
+@pytest.fixture
+def costs_that_pay(monkeypatch):
+    """Adaptive sizing decides from step costs as `flat_step_seconds` gives them, not as timed,
+    so what it drafts depends on the text alone: on a slow or busy machine the measured costs
+    can rightly make it draft nothing, and a test that must see drafts verified would then
+    compare plain decoding with itself. Each size is still measured by a real throwaway step
+    (its keys land in uncommitted slots: the equality tests check that nothing else moves), its
+    time ignored; the real steps' times do not lower the costs."""
+    refresh = StepCost.refresh
+
+    def fixed(self, context, measure):
+        refresh(self, context, lambda n: (measure(n), flat_step_seconds(n))[1])
+
+    monkeypatch.setattr(StepCost, "refresh", fixed)
+    monkeypatch.setattr(StepCost, "observe", lambda self, n, seconds: None)
 
 
 class ByteTokenizer:
