@@ -27,6 +27,13 @@ could reach with `auto`'s trees.
     python benchmarks/long_bench.py --model qwen-coder-1.5b --new-tokens 8192 \\
         --methods ar,auto,auto@again
 
+With --llamacpp, one more row: llama.cpp's plain decoding of the same GGUF file through
+llama-cpp-python, the same number of tokens with end-of-sequence ignored, timed from its first
+new token (at T>0 with its own sampler: other tokens, the same length).
+
+    python benchmarks/long_bench.py --model qwen-coder-1.5b --setting tokenswift \\
+        --new-tokens 8192 --methods ar,auto --llamacpp
+
 With --llama-speculative BIN (llama.cpp's `llama-speculative-simple`, built from the sources
 that llama-cpp-python's source distribution carries: BENCHMARKS.md), one more row: llama.cpp's
 own speculative decoding of the same prompt, greedy, with --draft-model as its draft and
@@ -36,6 +43,7 @@ own speculative decoding of the same prompt, greedy, with --draft-model as its d
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import subprocess
@@ -48,6 +56,7 @@ from chat_bench import SETTINGS as CHAT_SETTINGS
 
 import longspec
 from longspec.bench.metrics import answer_end, distinct_n, is_loop
+from longspec.bench.peers import Peers, peer_status
 from longspec.bench.runner import parse_entry, split_entries
 from longspec.drafters import METHODS
 from longspec.request import encode_prompt
@@ -63,6 +72,34 @@ def kv_bytes(model, positions: int) -> int:
     return 2 * c.num_layers * c.num_kv_heads * c.head_dim * positions * model.dtype.itemsize
 
 
+def timed(chunks, n: int, segment: int) -> tuple[list[int], list[dict], float]:
+    """The tokens of `chunks` (lists of tokens as a decoder writes them, n in all), the rate over
+    every `segment` of them (from the first chunk's arrival) and tokens/s from the first token
+    to the last."""
+    tokens: list[int] = []
+    marks = []                       # (tokens, seconds since the first token) per segment
+    begin = None
+    for chunk in chunks:
+        if begin is None:
+            begin = time.perf_counter() - 1e-9
+        before = len(tokens)
+        tokens += chunk
+        if len(tokens) // segment > before // segment or len(tokens) >= n:
+            marks.append((len(tokens), time.perf_counter() - begin))
+    segments = [{"to": n1, "tok_s": round((n1 - n0) / (t1 - t0), 2)}
+                for (n0, t0), (n1, t1) in zip([(0, 0.0), *marks], marks)]
+    return tokens, segments, (len(tokens) - 1) / marks[-1][1]
+
+
+def llamacpp(peers: Peers, ids: list[int], n: int, sampling, segment: int = 1024) -> dict:
+    """llama.cpp's plain decoding of the same file: n tokens, end-of-sequence ignored, timed
+    from its first new token to its n-th (its prompt and first token left out, as `ar`'s
+    decode time leaves them out), with its own sampler at T>0."""
+    stream = itertools.islice(peers.llama_stream(peers.llama, ids, sampling, 0), n)
+    tokens, segments, rate = timed(([t] for t in stream), n, segment)
+    return {"tokens": tokens, "tok_s": rate, "segments": segments}
+
+
 def run(model, draft, method: str, ids: list[int], n: int, sampling, segment: int) -> dict:
     method, again = method.removesuffix("@again"), method.endswith("@again")
     if not again:
@@ -73,19 +110,7 @@ def run(model, draft, method: str, ids: list[int], n: int, sampling, segment: in
     s = longspec.stream(model, ids, max_new_tokens=n, method=entry.method, options=entry.options,
                         sampling=sampling, seed=0, ignore_eos=True, progress=True,
                         draft_model=draft if with_draft else None)
-    tokens: list[int] = []
-    marks = []                       # (tokens, seconds since the first token) per segment
-    begin = None
-    for chunk in s:
-        if begin is None:
-            begin = time.perf_counter() - 1e-9
-        before = len(tokens)
-        tokens += chunk.token_ids
-        if len(tokens) // segment > before // segment or len(tokens) == n:
-            marks.append((len(tokens), time.perf_counter() - begin))
-    segments = []
-    for (n0, t0), (n1, t1) in zip([(0, 0.0), *marks], marks):
-        segments.append({"to": n1, "tok_s": round((n1 - n0) / (t1 - t0), 2)})
+    tokens, segments, _ = timed((chunk.token_ids for chunk in s), n, segment)
     st = s.result.stats
     return {"tokens": tokens, "tok_s": st["tokens_per_s"], "len": st["mean_accepted_length"],
             "segments": segments, "peak_rss_bytes": st["peak_memory_bytes"],
@@ -130,6 +155,8 @@ def main() -> None:
     p.add_argument("--sharegpt", action="store_true", help="--prompt indexes ShareGPT's "
                    "held-out questions (chat_bench.py --sharegpt) instead")
     p.add_argument("--segment", type=int, default=1024)
+    p.add_argument("--llamacpp", action="store_true", help="one more row: llama.cpp's plain "
+                   "decoding of the same GGUF file (llama-cpp-python), its own sampler at T>0")
     p.add_argument("--llama-speculative", metavar="BIN", help="llama.cpp's "
                    "llama-speculative-simple: one more row, with --draft-model as its draft")
     p.add_argument("--llama-draft-max", type=int, default=4, help="its tokens drafted a step")
@@ -172,6 +199,24 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         results[m]["row"] = row
     peer_rows = []
+    if args.llamacpp:
+        status = peer_status("llamacpp", model, sampling, len(ids) + args.new_tokens, False)
+        if status.startswith(("ok", "approximate")):
+            r = llamacpp(Peers(model, None, {"llamacpp"}), ids, args.new_tokens, sampling,
+                         args.segment)
+            row = {"method": "llama.cpp", "new_tokens": args.new_tokens,
+                   "tok_s": round(r["tok_s"], 2),
+                   "distinct_4": round(distinct_n(r["tokens"], 4), 3), "loop": is_loop(r["tokens"]),
+                   "answer_end": answer_end(r["tokens"], model.eos_token_ids),
+                   "segments": r["segments"]}
+            if "ar" in results:      # how far it wrote what `ar` wrote (its own arithmetic)
+                ref = results["ar"]["tokens"]
+                row["same_as_ar_for"] = next((i for i, (a, b) in enumerate(zip(r["tokens"], ref))
+                                              if a != b), min(len(ref), len(r["tokens"])))
+        else:
+            row = {"method": "llama.cpp", "status": status}
+        peer_rows.append(row)
+        print(json.dumps(row), flush=True)
     if args.llama_speculative:
         peer_rows.append(llama_speculative(args.llama_speculative, model, draft, ids,
                                            args.new_tokens, args.llama_draft_max))

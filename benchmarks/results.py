@@ -32,6 +32,7 @@ import time
 
 import torch
 from chat_bench import PROMPTS
+from long_bench import llamacpp
 
 import longspec
 from longspec.bench.metrics import answer_end, distinct_n, is_loop
@@ -65,20 +66,6 @@ def ours(model, method: str, ids: list[int], n: int, sampling, ignore_eos: bool)
     s = res.stats
     return {"tokens": res.token_ids, "tok_s": s["tokens_per_s"],
             "len": s["mean_accepted_length"]}
-
-
-def llamacpp(peers: Peers, ids: list[int], n: int, sampling) -> float:
-    """llama.cpp's tokens/s from its first new token to its n-th."""
-    peers.llama.reset()
-    peers.llama.set_seed(0)
-    marks = []
-    for _ in peers.llama.generate(ids, temp=sampling.temperature, top_p=sampling.top_p,
-                                  top_k=int(sampling.top_k), min_p=sampling.min_p,
-                                  repeat_penalty=sampling.penalty, reset=True):
-        marks.append(time.perf_counter())
-        if len(marks) == n:
-            break
-    return (len(marks) - 1) / (marks[-1] - marks[0])
 
 
 def geomean(xs: list[float]) -> float:
@@ -143,7 +130,7 @@ def main() -> None:
         eos = answer_end(tokens, model.eos_token_ids)
         ended = (f"eos@{eos}" if eos is not None else "no eos") if ignore_eos else (
             "eos" if len(tokens) < n else "cap")
-        cpp = llamacpp(peers, ids, len(tokens), sampling) if peers else None
+        cpp = llamacpp(peers, ids, len(tokens), sampling)["tok_s"] if peers else None
         row = {"workload": workload, "prompt": text.split("\n")[0][:40], "tokens": len(tokens),
                "ended": ended, "distinct_4": round(distinct_n(tokens, 4), 3),
                "ar_tok_s": round(ar["tok_s"], 2), "auto_tok_s": round(auto["tok_s"], 2),

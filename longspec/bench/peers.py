@@ -6,6 +6,7 @@ llama-cpp-python is installed, llama.cpp on the same GGUF file (plain, and its p
 from __future__ import annotations
 
 import importlib.util
+import itertools
 
 import torch
 
@@ -105,13 +106,14 @@ class Peers:
     def _llama_generate(llm, prompt: list[int], gen_len: int, sampling: SamplingConfig,
                         seed: int) -> list[int]:
         """gen_len tokens after the prompt, end-of-sequence ignored (as every run here)."""
+        return list(itertools.islice(Peers.llama_stream(llm, prompt, sampling, seed), gen_len))
+
+    @staticmethod
+    def llama_stream(llm, prompt: list[int], sampling: SamplingConfig, seed: int):
+        """llama.cpp's tokens after the prompt, one at a time as it writes them, without end
+        (end-of-sequence ignored): the caller stops it."""
         llm.reset()
         llm.set_seed(seed)
-        tokens = []
-        for token in llm.generate(prompt, temp=sampling.temperature, top_p=sampling.top_p,
-                                  top_k=int(sampling.top_k), min_p=sampling.min_p,
-                                  repeat_penalty=sampling.penalty, reset=True):
-            tokens.append(token)
-            if len(tokens) == gen_len:
-                break
-        return tokens
+        yield from llm.generate(prompt, temp=sampling.temperature, top_p=sampling.top_p,
+                                top_k=int(sampling.top_k), min_p=sampling.min_p,
+                                repeat_penalty=sampling.penalty, reset=True)
