@@ -35,9 +35,9 @@ new token (at T>0 with its own sampler: other tokens, the same length).
         --new-tokens 8192 --methods ar,auto --llamacpp
 
 With --llama-speculative BIN (llama.cpp's `llama-speculative-simple`, built from the sources
-that llama-cpp-python's source distribution carries: BENCHMARKS.md), one more row: llama.cpp's
-own speculative decoding of the same prompt, greedy, with --draft-model as its draft and
---llama-draft-max tokens drafted a step.
+that llama-cpp-python's source distribution carries: docs/benchmarks/long-generation.md), one
+more row: llama.cpp's own speculative decoding of the same prompt, greedy, with --draft-model as
+its draft and --llama-draft-max tokens drafted a step.
 """
 
 from __future__ import annotations

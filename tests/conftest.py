@@ -44,7 +44,7 @@ def pytest_runtest_call(item):
 
 def flat_step_seconds(n: int) -> float:
     """The step cost `costs_that_pay` reports for a tree of n nodes: one second, and 2% more a
-    node (the demo model's steps on a fast CPU are about as flat: its size is overhead)."""
+    node, under which a drafted node pays where its chance is more than a few percent."""
     return 1.0 + 0.02 * n
 
 

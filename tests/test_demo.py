@@ -12,7 +12,8 @@ from longspec.models.sources import FETCHED, longspec_home
 
 # distinct 4-grams of tokens over the whole answer: SmolLM2's answers to the demo's prompt
 # that read as text measured 0.68-0.95 over the profiles and penalties tried, those that loop
-# 0.28-0.35 (to the length limit) and 0.52 (a line written 21 times); BENCHMARKS.md
+# 0.28-0.35 (to the length limit) and 0.52 (a line written 21 times);
+# docs/benchmarks/chat-smollm2.md
 READABLE_DISTINCT_4 = 0.6
 
 

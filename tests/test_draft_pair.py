@@ -67,7 +67,8 @@ def test_a_draft_model_of_the_same_family_writes_what_ar_writes(pair, twin, meth
 @pytest.mark.parametrize("sampling", [longspec.SamplingConfig(temperature=0),
                                       longspec.SamplingConfig(temperature=0.8, top_p=0.9)],
                          ids=["greedy", "sampled"])
-def test_auto_drafts_with_a_draft_model_too_and_writes_what_ar_writes(pair, sampling):
+def test_auto_drafts_with_a_draft_model_too_and_writes_what_ar_writes(pair, sampling,
+                                                                       costs_that_pay):
     target, draft = pair
     res = assert_matches_ar(target, [5, 6, 7, 8, 9, 10], "auto", 40, sampling=sampling, seed=3,
                             draft_model=draft)

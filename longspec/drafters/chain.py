@@ -9,7 +9,8 @@ the sequence so far (the prompt's and the text's own words), the others -inf. By
 vocabularies (Qwen2.5's, Llama 3's, SmolLM2's) list tokens in merge order, the frequent ones
 first: Qwen2.5's first 32,768 of 151,936 tokens make 88-96% of the tokens of its chat answers,
 for a fifth of the LM head's work, which is a third of a 0.5B model's step
-(docs/benchmarks/speculation.md). """
+(docs/benchmarks/speculation.md).
+"""
 
 from __future__ import annotations
 
