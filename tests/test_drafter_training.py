@@ -14,7 +14,7 @@ from helpers import assert_matches_ar, make_checkpoint
 import longspec
 from longspec.cli import main
 from longspec.drafters.eagle import EagleDrafter
-from longspec.heads import load_eagle
+from longspec.heads import load_eagle, store
 from longspec.heads import train as train_module
 from longspec.heads.data import TargetFeatures, chat_stream, chat_tokens, data_files
 from longspec.heads.eagle import PRODUCTS, EagleDrafterNet, FeatureCache
@@ -201,6 +201,22 @@ def test_eagle_with_a_draft_vocabulary_learns_guesses_only_frequent_tokens_and_i
     res = assert_matches_ar(tiny_model, prompt, "eagle", 40, options={"sizing": "fixed"},
                             heads=tmp_path, sampling=sampling)
     assert res.stats["accepted_draft_tokens"] > 0
+
+
+def test_a_narrow_drafter_trained_into_the_user_directory_is_found(tiny_model, text_file,
+                                                                  tmp_path, monkeypatch):
+    monkeypatch.setenv("LONGSPEC_HOME", str(tmp_path))
+    cfg = DrafterTraining(kind="eagle", steps=2, eagle_mlp=16, **TINY)
+    train_drafter(tiny_model, [text_file], cfg, out=store.user_dir(tiny_model), progress=False)
+    assert json.loads((store.user_dir(tiny_model) / "eagle.json").read_text())[
+        "intermediate_size"] == 16
+    assert load_eagle(store.user_dir(tiny_model), tiny_model).w_down.in_features == 16
+    prompt = list(text_file.read_text()[:40].encode())
+    res = assert_matches_ar(tiny_model, prompt, "eagle", 24, options={"sizing": "fixed"},
+                            sampling=longspec.SamplingConfig(temperature=0))
+    assert res.stats["drafted_tokens"] > 0
+    with pytest.raises(ValueError, match="eagle_mlp must be 0"):
+        DrafterTraining(eagle_mlp=-1).validate()
 
 
 def test_draft_vocabulary_must_not_be_negative():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..heads import store
 from ..heads.store import KINDS
 from ..heads.train import LR, PRECISIONS, TARGETS, DrafterTraining, report_drafter
 from .flags import load_from_args, model_flags, sampling_flags, sampling_from_args
@@ -28,9 +29,12 @@ def _drafter_flags(p, kind: str | None) -> None:
                    help="with --sharegpt: the model's own answers to ShareGPT's questions "
                         "(longspec answers --sharegpt) in place of the conversations they "
                         "answer")
-    p.add_argument("--out", required=True, help="directory for the drafter (<kind>.safetensors, "
-                   "<kind>.json) and its checkpoint; a run there with the same settings "
-                   "continues from the checkpoint")
+    p.add_argument("--out", default=None,
+                   help="directory for the drafter (<kind>.safetensors, <kind>.json), its "
+                        "checkpoint and the target's features; a run there with the same "
+                        "settings continues where the last stopped (default: "
+                        "$LONGSPEC_HOME/drafters/<the model's fingerprint>/, where the model's "
+                        "methods find it)")
     d = DrafterTraining()
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--lr", type=float, default=None,
@@ -44,6 +48,9 @@ def _drafter_flags(p, kind: str | None) -> None:
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, metavar="N",
                    help="eagle: guess among the N most frequent tokens of the data only (a "
                         "smaller, faster LM head product; 0: the whole vocabulary)")
+    p.add_argument("--eagle-mlp", type=int, default=d.eagle_mlp, metavar="N",
+                   help="eagle: the width of its MLP (0: the model's; narrower drafts faster "
+                        "and ships smaller)")
     p.add_argument("--ttt-steps", type=int, default=d.ttt_steps, metavar="K",
                    help="eagle: unroll the drafter K steps over its own guesses in training "
                         "(training-time test)")
@@ -54,6 +61,13 @@ def _drafter_flags(p, kind: str | None) -> None:
     p.add_argument("--report", action="store_true",
                    help="eagle: train nothing; print the held-out acceptance per depth of the "
                         "drafter in --out on this data")
+    p.add_argument("--features-only", action="store_true",
+                   help="run the target over the data and keep its features in --out (resumable; "
+                        "the trainings that follow on the same data and --seq-len read them), "
+                        "then stop")
+    p.add_argument("--keep-features", action="store_true",
+                   help="keep the target's features in --out after training (for a training of "
+                        "the other kind on the same data)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="STEPS")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-progress", action="store_true")
@@ -96,12 +110,13 @@ def add_parsers(sub) -> None:
 
 
 def run_train_drafter(args) -> int:
-    from ..heads.train import train_drafter
+    from ..heads.train import features_only, train_drafter
 
     cfg = DrafterTraining(kind=args.kind, steps=args.steps, lr=args.lr,
                           warmup_steps=args.warmup_steps, batch_size=args.batch_size,
                           seq_len=args.seq_len, target=args.target, gamma=args.gamma,
-                          draft_vocab=args.draft_vocab, ttt_steps=args.ttt_steps,
+                          draft_vocab=args.draft_vocab, eagle_mlp=args.eagle_mlp,
+                          ttt_steps=args.ttt_steps,
                           sharegpt=args.sharegpt, answers=args.answers,
                           checkpoint_every=args.checkpoint_every,
                           precision=args.precision, seed=args.seed).validate()
@@ -110,11 +125,20 @@ def run_train_drafter(args) -> int:
     if args.report and cfg.kind != "eagle":
         raise ValueError("--report measures an eagle drafter (--kind eagle)")
     model = load_from_args(args.model, args)
+    if args.out is None:
+        args.out = str(store.user_dir(model))
     if args.report:
         print_report(report_drafter(model, args.data, cfg, args.out,
                                     progress=not args.no_progress))
         return 0
-    record = train_drafter(model, args.data, cfg, out=args.out, progress=not args.no_progress)
+    if args.features_only:
+        done = features_only(model, args.data, cfg, args.out, progress=not args.no_progress)
+        print(f"target features: {done['tokens']} tokens ({done['windows'][0]} training and "
+              f"{done['windows'][1]} held-out windows of {cfg.seq_len}), "
+              f"{done['bytes'] / 2**20:.0f} MiB in {args.out}, {done['seconds']:.0f} s")
+        return 0
+    record = train_drafter(model, args.data, cfg, out=args.out, progress=not args.no_progress,
+                           keep_features=args.keep_features)
     depths = ", ".join(f"{a:.3f}" for a in record["agreement_after"])
     before = ", ".join(f"{a:.3f}" for a in record["agreement_before"])
     what = "top-1 agreement with the model" if cfg.kind == "heads" else "greedy acceptance"

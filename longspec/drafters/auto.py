@@ -3,9 +3,10 @@
 Model-free sources always: SuffixDecoding's matches in this text and earlier outputs, and
 Token Recycling's adjacency matrix of the target's own candidates. In the steps where the
 suffix matches are unsure of the next token (MODELS_BELOW), the sources that run a model: a
-trained EAGLE drafter's dynamic tree, when the model has one (bundled for it, or given as
-heads=), and a draft model's chain, when one is given (draft_model=), as long as such steps
-measure faster with them than without (StepRates). Each node keeps the source whose estimate
+trained EAGLE drafter's dynamic tree, when the model has one (bundled for it, trained for it
+on this machine, or given as heads=; option drafter="none" leaves a found one out), and a
+draft model's chain, when one is given (draft_model=), as long as such steps measure faster
+with them than without (StepRates). Each node keeps the source whose estimate
 was best; the engine calibrates each source's estimates from what the target accepts and
 verifies the prefix of the trie that pays most (sizing.py), so a source that guesses badly on
 this text is simply cut away. Where no source pays at all (sampling at T=1 without a filter),
@@ -51,6 +52,9 @@ EXPLORE_EVERY = 16      # steps after which the arm not chosen is tried again (S
 SURE_SUFFIX = 0.5
 # "measured": drafting steps against plain ones, as above; "off": a drafting step every step
 GATES = ("measured", "off")
+# the EAGLE drafter when none is given: the one found for the model (bundled, or trained on
+# this machine: heads/store.py), or none
+DRAFTERS = ("found", "none")
 
 
 class StepRates:
@@ -84,16 +88,16 @@ class AutoDrafter(Drafter):
     needs_prefill_logits = True
 
     def __init__(self, model, sampler, drafter, context: int, draft_model=None,
-                 capacity: int = 0, gate: str = GATES[0]):
-        """`drafter`: an EAGLE drafter's directory (or loaded one), or None for the one bundled
-        for the model, when there is; `draft_model`: a draft model, or None, and `capacity`
-        the slots its KV cache needs; `gate`: one of GATES."""
+                 capacity: int = 0, gate: str = GATES[0], found: str = DRAFTERS[0]):
+        """`drafter`: an EAGLE drafter's directory (or loaded one), or None for the one found
+        for the model (`found`, one of DRAFTERS), when there is; `draft_model`: a draft model,
+        or None, and `capacity` the slots its KV cache needs; `gate`: one of GATES."""
         self.device = model.device
         self.model = model
         self.trust = calibration(model, SPEC_NAME, sampler.config)
         self.suffix = SuffixDrafter(model, model.device)
         self.recycling = RecyclingDrafter(model)
-        if drafter is None:
+        if drafter is None and found == "found":
             drafter = store.find_bundled(model, "eagle")
         self.eagle = (None if drafter is None else
                       EagleDrafter(model, drafter, sampler, context, EAGLE_BUDGET,
@@ -188,6 +192,7 @@ SPEC = MethodSpec(
     "EAGLE drafter, a draft model when given) in one scored trie, verified as far as it pays "
     "(the default)",
     budget=Budget(48, 24), needs_heads=True, draft_model="optional", stats=("sources",),
-    options={"gate": Option(GATES[0], choices=GATES)},
+    options={"gate": Option(GATES[0], choices=GATES),
+             "drafter": Option(DRAFTERS[0], choices=DRAFTERS)},
     build=lambda s: AutoDrafter(s.model, s.sampler, s.heads, s.context, s.draft_model,
-                                s.capacity, s.options["gate"]))
+                                s.capacity, s.options["gate"], s.options["drafter"]))

@@ -16,6 +16,8 @@ from ..cache import StaticCache, causal_mask
 from ..text import read_text_file
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
+SHARD_TOKENS = 32768            # the target's features are kept on disk in shards of this many
+SHARD = "part-{:05d}.pt"
 
 
 def data_files(paths: list[str | Path]) -> list[Path]:
@@ -144,6 +146,10 @@ def chat_stream(model, conversations, max_tokens: int, progress: bool = False,
                        torch.tensor(answer[:max_tokens], dtype=torch.bool))
 
 
+def _windows_digest(windows: torch.Tensor) -> str:
+    return hashlib.blake2b(windows.cpu().numpy().tobytes(), digest_size=8).hexdigest()
+
+
 def sample_windows(count: int, batch_size: int, gen: torch.Generator) -> torch.Tensor:
     """[batch_size] indices of windows among `count`, drawn with replacement."""
     return torch.randint(0, count, (batch_size,), generator=gen)
@@ -160,14 +166,17 @@ class TargetBatch:
 class TargetFeatures:
     """The frozen target's features over a token stream cut into windows of `seq_len`
     tokens, each run alone from position 0. They are computed once, kept in the model's dtype
-    (exactly what its forward gives), and serve every step that draws the window; the
-    target's logits, when a batch needs them, come from them through its final norm and LM
-    head, as in its forward."""
+    (exactly what its forward gives: bfloat16 as longspec runs a GGUF), and serve every step
+    that draws the window; the target's logits, when a batch needs them, come from them
+    through its final norm and LM head, as in its forward.
+
+    Kept on disk (`keep`, a directory), they are written in shards of SHARD_TOKENS tokens as
+    the pass goes: an interrupted pass continues from the last shard written, and a shard is
+    read back wherever its windows, the model and the window length are the same (a longer
+    stream of the same data reuses the shards of its beginning)."""
 
     def __init__(self, model, stream: TokenStream, seq_len: int, progress: bool = False,
                  desc: str = "target features", keep: Path | None = None):
-        """`keep`: a file to save the features to, and to read them from when it holds those
-        of this stream, model and window length (a resumed training skips the pass)."""
         from .store import fingerprint
 
         net = model.net
@@ -175,26 +184,39 @@ class TargetFeatures:
         self.model = model
         self.windows = stream.ids[:count * seq_len].view(count, seq_len).to(net.device)
         self.answer = stream.answer[:count * seq_len].view(count, seq_len).to(net.device)
-        key = f"{stream.digest()} {fingerprint(model)} {seq_len} {net.dtype}"
-        if keep is not None and keep.is_file():
-            saved = torch.load(keep, map_location=net.device, weights_only=True)
-            if saved.get("key") == key:
-                self.hidden = saved["hidden"]
-                return
         self.hidden = torch.empty(count, seq_len, model.config.hidden_size, dtype=net.dtype,
                                   device=net.device)
+        per_shard = max(1, SHARD_TOKENS // seq_len)
+        model_key = f"{fingerprint(model)} {seq_len} {net.dtype}"
+        shards = [slice(first, min(first + per_shard, count))
+                  for first in range(0, count, per_shard)]
+        todo = []
+        for i, shard in enumerate(shards):
+            key = f"{_windows_digest(self.windows[shard])} {model_key}"
+            path = None if keep is None else Path(keep) / SHARD.format(i)
+            if path is not None and path.is_file():
+                saved = torch.load(path, map_location=net.device, weights_only=True)
+                if saved.get("key") == key:
+                    self.hidden[shard] = saved["hidden"]
+                    continue
+            todo.append((shard, key, path))
+        done = count - sum(shard.stop - shard.start for shard, _, _ in todo)
         mask = causal_mask(seq_len, net.dtype, net.device)
         positions = torch.arange(seq_len, device=net.device)
         cache = StaticCache(model.config, seq_len, net.dtype, net.device)
-        with torch.no_grad():
-            for i in tqdm(range(count), desc=desc, disable=not progress, dynamic_ncols=True):
-                out = net(self.windows[i], positions, cache, mask, return_hidden=True,
-                          need_logits=False)
-                self.hidden[i] = out.hidden
-        if keep is not None:
-            keep.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"key": key, "hidden": self.hidden}, keep.with_suffix(".tmp"))
-            os.replace(keep.with_suffix(".tmp"), keep)
+        with torch.no_grad(), tqdm(total=count, initial=done, desc=desc, unit="window",
+                                   disable=not progress, dynamic_ncols=True) as bar:
+            for shard, key, path in todo:
+                for i in range(shard.start, shard.stop):
+                    out = net(self.windows[i], positions, cache, mask, return_hidden=True,
+                              need_logits=False)
+                    self.hidden[i] = out.hidden
+                    bar.update(1)
+                if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_suffix(".tmp")
+                    torch.save({"key": key, "hidden": self.hidden[shard].clone()}, tmp)
+                    os.replace(tmp, path)
 
     def __len__(self) -> int:
         return self.windows.shape[0]

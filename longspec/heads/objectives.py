@@ -35,7 +35,7 @@ def build(kind: str, model, cfg, stream: TokenStream) -> torch.nn.Module:
                                  final_norm=model.net.norm)
     else:
         size = cfg.draft_vocab if 0 < cfg.draft_vocab < c.vocab_size else 0
-        module = EagleDrafterNet.for_model(model, size)
+        module = EagleDrafterNet.for_model(model, size, cfg.eagle_mlp)
         if size:
             module.set_vocab(frequent_tokens(stream.ids[stream.answer], size, c.vocab_size))
     return module.to(model.device)

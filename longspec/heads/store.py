@@ -2,7 +2,9 @@
 holding the drafter's shape, a format version, the base model's fingerprint and the training
 record. A drafter trained for another model is refused; bundled drafters are found by the base
 model's fingerprint under `longspec/zoo/drafters/<fingerprint>/<kind>/` (the demo model's
-heads also in their original place, `longspec/zoo/demo/heads/`).
+heads also in their original place, `longspec/zoo/demo/heads/`), and drafters trained on this
+machine under `$LONGSPEC_HOME/drafters/<fingerprint>/` (`longspec train-drafter`'s default
+place).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def files(path: Path, kind: str) -> tuple[Path, Path]:
 
 
 def train_hint(kind: str) -> str:
-    return f"run 'longspec train-drafter MODEL --kind {kind} --data FILE... --out DIR'"
+    return (f"run 'longspec train-drafter MODEL --kind {kind} --sharegpt TOKENS' (or --data "
+            "FILE...), which puts it where the model's methods find it")
 
 
 def save(out_dir: str | Path, kind: str, module: torch.nn.Module, model, meta: dict) -> None:
@@ -105,9 +108,17 @@ def resolve(model, given, kind: str, what: str, module_type: type, load):
     return load(path, model)
 
 
+def user_dir(model) -> Path:
+    """Where drafters trained here for `model` go by default, and are found."""
+    from ..models.sources import longspec_home
+
+    return longspec_home() / "drafters" / fingerprint(model)
+
+
 def find_bundled(model, kind: str) -> Path | None:
-    """A bundled drafter of `kind` for `model`, or None."""
-    candidates = [ZOO_DRAFTERS / fingerprint(model) / kind]
+    """A bundled drafter of `kind` for `model`, else one trained here into `user_dir`, or
+    None."""
+    candidates = [ZOO_DRAFTERS / fingerprint(model) / kind, user_dir(model)]
     if kind == "heads":
         from ..models.loader import demo_path
 

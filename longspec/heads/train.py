@@ -1,8 +1,9 @@
 """Train a drafter (EAGLE feature drafter or multi-token heads) on a frozen target.
 
 The training text is cut into windows of `seq_len` tokens and the frozen target runs over
-each once (its features, `TargetFeatures`, kept in `<out>/<kind>.features-*.pt` until the
-end); each step draws `batch_size` of those windows and takes one AdamW step on the drafter's
+each once (its features, `TargetFeatures`, written in shards to `<out>/features-train/` and
+`<out>/features-held/` as the pass goes, so an interrupted pass continues where it stopped;
+`features_only` runs the pass alone); each step draws `batch_size` of those windows and takes one AdamW step on the drafter's
 loss (objectives.py), its products in bfloat16 where the hardware multiplies it natively
 (`training_precision`); linear warmup, then cosine decay. Every `checkpoint_every` steps, and on
 Ctrl-C, the drafter, the optimizer and the data sampler's state go to
@@ -10,8 +11,8 @@ Ctrl-C, the drafter, the optimizer and the data sampler's state go to
 the features' pass) and ends with the weights an uninterrupted run gives; a checkpoint of
 other settings, data or model is refused. At the end the drafter is saved with a record of
 the run (held-out loss and agreement with the target before and after, an EAGLE drafter's
-held-out acceptance per depth (`report`), loss curve, seconds, data) and the checkpoint and
-features removed.
+held-out acceptance per depth (`report`), loss curve, seconds, data) and the checkpoint
+removed, and the features too unless asked to keep them.
 
 The data is text files, or ShareGPT's conversations (`training_data`).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
@@ -51,7 +53,9 @@ TARGETS = ("text", "distill")
 PRECISIONS = ("auto", "float32", "bfloat16")
 LR = {"eagle": 3e-3, "heads": 5e-3}      # TokenSwift's for heads
 CHECKPOINT = "{kind}.checkpoint.pt"    # one per kind: a directory may hold both
-FEATURES = "{kind}.features-{part}.pt"  # the target's features, kept until the training ends
+# the target's features, in shards (data.TargetFeatures), kept until the training ends (or
+# longer, asked): both kinds' trainings in one directory on the same data share them
+FEATURES = "features-{part}"
 EVAL_BATCHES = 4
 EVAL_SEED = 12345
 
@@ -69,6 +73,7 @@ class DrafterTraining:
     gamma: int = GAMMA            # heads
     ttt_steps: int = 3            # eagle: steps unrolled over its own guesses in training
     draft_vocab: int = 0          # eagle: guess among this many most frequent tokens (0: all)
+    eagle_mlp: int = 0            # eagle: its MLP's width (0: the target's)
     sharegpt: int = 0             # train on this many tokens of ShareGPT conversations
     answers: str = ""             # the model's answers to their questions, used in their place
     seed: int = 0
@@ -88,6 +93,9 @@ class DrafterTraining:
         for name in ("steps", "batch_size", "gamma", "checkpoint_every", "ttt_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.eagle_mlp < 0:
+            raise ValueError(f"eagle_mlp must be 0 (the target's width) or more, got "
+                             f"{self.eagle_mlp}")
         if self.draft_vocab < 0:
             raise ValueError(f"draft_vocab must be 0 (the whole vocabulary) or more, got "
                              f"{self.draft_vocab}")
@@ -274,13 +282,44 @@ def training_data(model, data: list[str | Path], cfg: DrafterTraining, progress:
     return train, held, source
 
 
+def features_dirs(out: str | Path | None) -> dict[str, Path | None]:
+    return {part: None if out is None else Path(out) / FEATURES.format(part=part)
+            for part in ("train", "held")}
+
+
+def target_features(model, train: TokenStream, held: TokenStream, cfg: DrafterTraining,
+                    out: str | Path | None, progress: bool
+                    ) -> tuple[TargetFeatures, TargetFeatures]:
+    """The target's features over the training and held-out windows, kept in `out`."""
+    kept = features_dirs(out)
+    return (TargetFeatures(model, train, cfg.seq_len, progress, "target features (train)",
+                           kept["train"]),
+            TargetFeatures(model, held, cfg.seq_len, progress, "target features (held out)",
+                           kept["held"]))
+
+
+def features_only(model, data: list[str | Path], cfg: DrafterTraining, out: str | Path,
+                  progress: bool = True) -> dict:
+    """The target's features over cfg's data, written to `out` for the trainings that follow
+    (of either kind, with the same data and seq_len): what the pass read and wrote."""
+    cfg = cfg.validate()
+    start = time.time()
+    train, held, _ = training_data(model, data, cfg, progress)
+    target_features(model, train, held, cfg, out, progress)
+    size = sum(f.stat().st_size for d in features_dirs(out).values() for f in d.iterdir())
+    return {"windows": (len(train) // cfg.seq_len, len(held) // cfg.seq_len),
+            "tokens": len(train) + len(held), "bytes": size,
+            "seconds": round(time.time() - start, 1)}
+
+
 def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
                   out: str | Path | None = None, progress: bool = True,
-                  stop_after: int | None = None) -> dict:
+                  stop_after: int | None = None, keep_features: bool = False) -> dict:
     """Train a drafter of cfg.kind for `model` on the text of `data` (files or directories);
     save it to `out` when given, checkpointing there on the way. `stop_after` ends the run
     after that many steps in all, leaving a checkpoint to continue from (record["finished"]
-    is then False). Returns the record saved with the weights."""
+    is then False). The target's features in `out` are removed at the end unless
+    `keep_features`. Returns the record saved with the weights."""
     cfg = cfg.validate()
     train, held, source = training_data(model, data, cfg, progress)
     torch.manual_seed(cfg.seed)
@@ -294,12 +333,7 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
                          "digest": train.digest() + held.digest()}}
     checkpoint = Path(out) / CHECKPOINT.format(kind=cfg.kind) if out is not None else None
     state = _resume(checkpoint, identity) if checkpoint is not None else None
-    kept = {part: None if out is None else Path(out) / FEATURES.format(kind=cfg.kind, part=part)
-            for part in ("train", "held")}
-    train_set = TargetFeatures(model, train, cfg.seq_len, progress, "target features (train)",
-                               kept["train"])
-    held_set = TargetFeatures(model, held, cfg.seq_len, progress, "target features (held out)",
-                              kept["held"])
+    train_set, held_set = target_features(model, train, held, cfg, out, progress)
     if state is not None:
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["optimizer"])
@@ -367,6 +401,7 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
     if out is not None:
         module.save(Path(out), model, record)
         checkpoint.unlink(missing_ok=True)
-        for path in kept.values():
-            path.unlink(missing_ok=True)
+        if not keep_features:
+            for path in features_dirs(out).values():
+                shutil.rmtree(path, ignore_errors=True)
     return record
