@@ -142,3 +142,20 @@ def test_gguf_with_unsupported_type_or_architecture_is_refused(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\x00" * 20)
     with pytest.raises(ValueError, match="cannot read .* as a GGUF file"):
         longspec.load_model(tmp_path / "bad.gguf")
+
+
+def test_a_quantized_lm_head_reads_back_as_its_dense_weights(tmp_path):
+    """Drafters train on the LM head's rows; a GGUF's head stays quantized and is read back
+    through its own product, what the dequantized file holds up to bfloat16's rounding."""
+    # (a vocabulary of whole tiles of 16 rows: the int4 kernels' layout, so the head is kept)
+    hf = make_checkpoint(tmp_path / "hf", "llama", vocab=320, max_positions=64)
+    write_gguf(hf, tmp_path / "m.gguf", "Q4_0")
+    kept = longspec.load_model(tmp_path / "m.gguf", dtype="bfloat16", device="cpu")
+    dense = longspec.load_model(tmp_path / "m.gguf", dtype="bfloat16", device="cpu",
+                                dequantize=True)
+    assert not isinstance(kept.net.lm_head, DenseLinear)
+    head, expected = kept.net.dense_head(), dense.net.dense_head()
+    assert head.shape == expected.shape and head.dtype == torch.bfloat16
+    scale = expected.float().abs().max()
+    assert torch.allclose(head.float(), expected.float(), atol=0.01 * scale, rtol=2 ** -7)
+    assert kept.net.dense_head() is head       # read once

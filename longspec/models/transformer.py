@@ -95,6 +95,7 @@ class Transformer(nn.Module):
         self.embed = _frozen(embed)
         self.norm = _frozen(norm)
         self.lm_head = lm_head
+        self._head_read_back: torch.Tensor | None = None   # dense_head of a quantized head
         self.layers = nn.ModuleList(Block(config, w) for w in layers)
         self.loops = attention_loops(self)  # attention as longspec::attention (native.py)
         self.native = native_layers(self)   # the compiled layers, where they apply
@@ -115,8 +116,13 @@ class Transformer(nn.Module):
             return self.embed
         if isinstance(self.lm_head, DenseLinear):
             return self.lm_head.dense_weight
-        raise ValueError("the LM head is quantized; load the model with dequantize=True "
-                         "(--dequantize) to train on it")
+        if self._head_read_back is None:
+            # a quantized head's weights read back through its own product: the rows of the
+            # identity give W's columns, each weight times one (int4_mm's int8 activations hold
+            # 1 and 0 exactly), once per model (a drafter's head is a part of it)
+            eye = torch.eye(self.config.hidden_size, dtype=self.dtype, device=self.device)
+            self._head_read_back = self.lm_head(eye).t().contiguous()
+        return self._head_read_back
 
     @property
     def device(self) -> torch.device:
