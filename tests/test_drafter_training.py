@@ -215,6 +215,9 @@ def test_a_narrow_drafter_trained_into_the_user_directory_is_found(tiny_model, t
     res = assert_matches_ar(tiny_model, prompt, "eagle", 24, options={"sizing": "fixed"},
                             sampling=longspec.SamplingConfig(temperature=0))
     assert res.stats["drafted_tokens"] > 0
+    left_out = assert_matches_ar(tiny_model, prompt, "auto", 24,
+                                 options={"drafter": "none", "gate": "off"})
+    assert left_out.stats["sources"]["eagle"]["verified"] == 0
     with pytest.raises(ValueError, match="eagle_mlp must be 0"):
         DrafterTraining(eagle_mlp=-1).validate()
 
