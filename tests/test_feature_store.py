@@ -5,9 +5,8 @@ import pytest
 import torch
 
 from longspec.heads import data as data_module
-from longspec.heads import train as train_module
-from longspec.heads.data import TargetFeatures, read_token_stream
-from longspec.heads.train import DrafterTraining, features_dirs, features_only, train_drafter
+from longspec.heads.data import FEATURES, TargetFeatures, features_dirs, read_token_stream
+from longspec.heads.train import DrafterTraining, features_only, train_drafter
 
 SEQ = 48
 TINY = {"batch_size": 2, "seq_len": SEQ, "warmup_steps": 2}
@@ -98,4 +97,4 @@ def test_features_only_then_both_kinds_train_without_the_pass(tiny_model, text_f
     assert not calls
     assert not any(d.exists() for d in features_dirs(tmp_path).values())
     assert (tmp_path / "heads.json").is_file() and (tmp_path / "eagle.json").is_file()
-    assert train_module.FEATURES.format(part="train") == "features-train"
+    assert FEATURES.format(part="train") == "features-train"

@@ -18,6 +18,9 @@ from ..text import read_text_file
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
 SHARD_TOKENS = 32768            # the target's features are kept on disk in shards of this many
 SHARD = "part-{:05d}.pt"
+# the training's and the held-out features' directories: both kinds' trainings in one
+# directory on the same data share them
+FEATURES = "features-{part}"
 
 
 def data_files(paths: list[str | Path]) -> list[Path]:
@@ -187,7 +190,7 @@ class TargetFeatures:
         self.hidden = torch.empty(count, seq_len, model.config.hidden_size, dtype=net.dtype,
                                   device=net.device)
         per_shard = max(1, SHARD_TOKENS // seq_len)
-        model_key = f"{fingerprint(model)} {seq_len} {net.dtype}"
+        model_key = f"{fingerprint(model)} {model.weight_format} {seq_len} {net.dtype}"
         shards = [slice(first, min(first + per_shard, count))
                   for first in range(0, count, per_shard)]
         todo = []
@@ -231,3 +234,20 @@ class TargetFeatures:
             logits = flat.view(*hidden.shape[:2], -1).float()
         index = index.to(self.windows.device)
         return TargetBatch(self.windows[index], self.answer[index], hidden.float(), logits)
+
+
+def features_dirs(out: str | Path | None) -> dict[str, Path | None]:
+    """Where `target_features` keeps the training's and the held-out features in `out`."""
+    return {part: None if out is None else Path(out) / FEATURES.format(part=part)
+            for part in ("train", "held")}
+
+
+def target_features(model, train: TokenStream, held: TokenStream, seq_len: int,
+                    out: str | Path | None, progress: bool
+                    ) -> tuple[TargetFeatures, TargetFeatures]:
+    """The target's features over the training and held-out windows, kept in `out`."""
+    kept = features_dirs(out)
+    return (TargetFeatures(model, train, seq_len, progress, "target features (train)",
+                           kept["train"]),
+            TargetFeatures(model, held, seq_len, progress, "target features (held out)",
+                           kept["held"]))

@@ -1,18 +1,18 @@
 """Train a drafter (EAGLE feature drafter or multi-token heads) on a frozen target.
 
 The training text is cut into windows of `seq_len` tokens and the frozen target runs over
-each once (its features, `TargetFeatures`, written in shards to `<out>/features-train/` and
+each once (its features, `target_features`, written in shards to `<out>/features-train/` and
 `<out>/features-held/` as the pass goes, so an interrupted pass continues where it stopped;
-`features_only` runs the pass alone); each step draws `batch_size` of those windows and takes one AdamW step on the drafter's
-loss (objectives.py), its products in bfloat16 where the hardware multiplies it natively
-(`training_precision`); linear warmup, then cosine decay. Every `checkpoint_every` steps, and on
-Ctrl-C, the drafter, the optimizer and the data sampler's state go to
-`<out>/<kind>.checkpoint.pt`: running the same training again continues from there (without
-the features' pass) and ends with the weights an uninterrupted run gives; a checkpoint of
-other settings, data or model is refused. At the end the drafter is saved with a record of
-the run (held-out loss and agreement with the target before and after, an EAGLE drafter's
-held-out acceptance per depth (`report`), loss curve, seconds, data) and the checkpoint
-removed, and the features too unless asked to keep them.
+`features_only` runs the pass alone); each step draws `batch_size` of those windows and takes
+one AdamW step on the drafter's loss (objectives.py), its products in bfloat16 where the
+hardware multiplies it natively (`training_precision`); linear warmup, then cosine decay.
+Every `checkpoint_every` steps, and on Ctrl-C, the drafter, the optimizer and the data
+sampler's state go to `<out>/<kind>.checkpoint.pt`: running the same training again continues
+from there (without the features' pass) and ends with the weights an uninterrupted run gives; a
+checkpoint of other settings, data or model is refused. At the end the drafter is saved with a
+record of the run (held-out loss and agreement with the target before and after, an EAGLE
+drafter's held-out acceptance per depth (`report`), loss curve, seconds, data) and the
+checkpoint removed, and the features too unless asked to keep them.
 
 The data is text files, or ShareGPT's conversations (`training_data`).
 """
@@ -41,8 +41,10 @@ from .data import (
     TokenStream,
     chat_stream,
     data_files,
+    features_dirs,
     read_token_stream,
     sample_windows,
+    target_features,
 )
 from .module import GAMMA
 
@@ -53,9 +55,6 @@ TARGETS = ("text", "distill")
 PRECISIONS = ("auto", "float32", "bfloat16")
 LR = {"eagle": 3e-3, "heads": 5e-3}      # TokenSwift's for heads
 CHECKPOINT = "{kind}.checkpoint.pt"    # one per kind: a directory may hold both
-# the target's features, in shards (data.TargetFeatures), kept until the training ends (or
-# longer, asked): both kinds' trainings in one directory on the same data share them
-FEATURES = "features-{part}"
 EVAL_BATCHES = 4
 EVAL_SEED = 12345
 
@@ -282,22 +281,6 @@ def training_data(model, data: list[str | Path], cfg: DrafterTraining, progress:
     return train, held, source
 
 
-def features_dirs(out: str | Path | None) -> dict[str, Path | None]:
-    return {part: None if out is None else Path(out) / FEATURES.format(part=part)
-            for part in ("train", "held")}
-
-
-def target_features(model, train: TokenStream, held: TokenStream, cfg: DrafterTraining,
-                    out: str | Path | None, progress: bool
-                    ) -> tuple[TargetFeatures, TargetFeatures]:
-    """The target's features over the training and held-out windows, kept in `out`."""
-    kept = features_dirs(out)
-    return (TargetFeatures(model, train, cfg.seq_len, progress, "target features (train)",
-                           kept["train"]),
-            TargetFeatures(model, held, cfg.seq_len, progress, "target features (held out)",
-                           kept["held"]))
-
-
 def features_only(model, data: list[str | Path], cfg: DrafterTraining, out: str | Path,
                   progress: bool = True) -> dict:
     """The target's features over cfg's data, written to `out` for the trainings that follow
@@ -305,7 +288,7 @@ def features_only(model, data: list[str | Path], cfg: DrafterTraining, out: str 
     cfg = cfg.validate()
     start = time.time()
     train, held, _ = training_data(model, data, cfg, progress)
-    target_features(model, train, held, cfg, out, progress)
+    target_features(model, train, held, cfg.seq_len, out, progress)
     size = sum(f.stat().st_size for d in features_dirs(out).values() for f in d.iterdir())
     return {"windows": (len(train) // cfg.seq_len, len(held) // cfg.seq_len),
             "tokens": len(train) + len(held), "bytes": size,
@@ -333,7 +316,7 @@ def train_drafter(model, data: list[str | Path], cfg: DrafterTraining,
                          "digest": train.digest() + held.digest()}}
     checkpoint = Path(out) / CHECKPOINT.format(kind=cfg.kind) if out is not None else None
     state = _resume(checkpoint, identity) if checkpoint is not None else None
-    train_set, held_set = target_features(model, train, held, cfg, out, progress)
+    train_set, held_set = target_features(model, train, held, cfg.seq_len, out, progress)
     if state is not None:
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["optimizer"])
