@@ -2,6 +2,7 @@
 
 import random
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 from longspec.drafters.base import Budget
 from longspec.drafters.ngram import NgramDrafter, NgramTable
 from longspec.drafters.pld import NgramIndex
+from longspec.drafters.suffix import SuffixDrafter
 from longspec.tree import TreeTemplate, TrieBuilder, template
 
 pytestmark = pytest.mark.unit
@@ -111,3 +113,21 @@ def test_trie_merge_dedupes_shared_prefixes_and_respects_budget():
     deep = TrieBuilder(root=0, max_nodes=10, max_depth=2)
     deep.add_chain([1, 2, 3, 4])
     assert deep.build(CPU).shape.max_depth == 2
+
+
+def test_suffix_drafts_a_long_copy_as_a_deep_chain_and_a_short_match_as_a_guess():
+    """A passage of the prompt being copied back: once the match is long, what followed it
+    once is drafted the budget's full depth; after a 1-token match, a few tokens at most."""
+    rng = random.Random(0)
+    passage = [rng.randrange(100, 1000) for _ in range(200)]
+
+    def drafted(answer: list[int]):
+        drafter = SuffixDrafter(SimpleNamespace(state={}), CPU)
+        drafter.prefill([1, 2, *passage, 3], None)
+        return drafter.propose([1, 2, *passage, 3, *answer], Budget(48, 24))
+
+    tree = drafted(passage[:40])
+    assert tree.tokens.tolist() == [passage[39], *passage[40:64]]
+    assert tree.scores[-1] > 0.3
+    tree = drafted([7, passage[0]])            # matches the passage's first token only
+    assert 1 < tree.n <= 3 and tree.scores[1] < 0.5
