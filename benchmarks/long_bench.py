@@ -36,8 +36,9 @@ new token (at T>0 with its own sampler: other tokens, the same length).
 
 With --llama-speculative BIN (llama.cpp's `llama-speculative-simple`, built from the sources
 that llama-cpp-python's source distribution carries: docs/benchmarks/long-generation.md), one
-more row: llama.cpp's own speculative decoding of the same prompt, greedy, with --draft-model as
-its draft and --llama-draft-max tokens drafted a step.
+more row: llama.cpp's own speculative decoding of the same prompt in the same setting (at T>0
+with its own sampler: its text, the same length), with --draft-model as its draft and
+--llama-draft-max tokens drafted a step.
 """
 
 from __future__ import annotations
@@ -118,15 +119,29 @@ def run(model, draft, method: str, ids: list[int], n: int, sampling, segment: in
             "sources": st.get("sources")}
 
 
-def llama_speculative(binary: str, model, draft, ids: list[int], n: int, draft_max: int) -> dict:
-    """llama.cpp's speculative decoding (greedy, end-of-sequence ignored) of the prompt `ids`:
-    tokens/s of its decoding and the share of drafted tokens accepted, as it reports them."""
+def llama_sampling(sampling) -> list[str]:
+    """llama.cpp's sampling flags for a setting: greedy as top-1, otherwise every filter given
+    (its defaults, top-k 40, top-p 0.95 and min-p 0.05, turned off where the setting has none)
+    and the penalty over the setting's window."""
+    if sampling.greedy:
+        return ["--temp", "0", "--top-k", "1"]
+    return ["--temp", str(sampling.temperature), "--top-k", str(sampling.top_k),
+            "--top-p", str(sampling.top_p), "--min-p", str(sampling.min_p),
+            "--repeat-penalty", str(sampling.penalty),
+            "--repeat-last-n", str(sampling.penalty_window), "--seed", "0"]
+
+
+def llama_speculative(binary: str, model, draft, ids: list[int], n: int, draft_max: int,
+                      sampling) -> dict:
+    """llama.cpp's speculative decoding (end-of-sequence ignored; at T>0 its target's sampler
+    decides each token, so its text is its own) of the prompt `ids`: tokens/s of its decoding
+    and the share of drafted tokens accepted, as it reports them."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as prompt:
         prompt.write(model.tokenizer.decode(ids, skip_special_tokens=False))
         prompt.flush()
         done = subprocess.run(
             [binary, "-m", str(model.path), "-md", str(draft.path), "-f", prompt.name,
-             "--no-escape", "-n", str(n), "--ignore-eos", "--temp", "0", "--top-k", "1",
+             "--no-escape", "-n", str(n), "--ignore-eos", *llama_sampling(sampling),
              "-t", str(torch.get_num_threads()), "-td", str(torch.get_num_threads()),
              "-c", str(len(ids) + n + 256), "--spec-type", "draft-simple",
              "--spec-draft-n-max", str(draft_max), "--spec-draft-n-min", "0"],
@@ -219,7 +234,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     if args.llama_speculative:
         peer_rows.append(llama_speculative(args.llama_speculative, model, draft, ids,
-                                           args.new_tokens, args.llama_draft_max))
+                                           args.new_tokens, args.llama_draft_max, sampling))
         print(json.dumps(peer_rows[-1]), flush=True)
     with open(args.out, "w") as f:
         json.dump({"model": args.model, "draft_model": args.draft_model,
