@@ -8,8 +8,8 @@ process, with the models' learned state cleared before every run:
   model ends them (end-of-sequence respected, --chat-tokens at most);
 - `TokenSwift` (T=1, min-p 0.1, penalty 1.2 over the last 1,024 tokens): --tokenswift-tokens
   tokens, end-of-sequence ignored as in TokenSwift's own runs;
-- `code edit`: a standard-library module (colorsys.py) returned whole with type hints added,
-  greedy, end-of-sequence respected.
+- `code edit`: a standard-library module (--edit-module, colorsys.py by default) returned
+  whole with type hints added, greedy, end-of-sequence respected (`--prompts 0` runs it alone).
 
 Every row says where the answer ended (`eos@N`, or `cap` where it ran to the limit) and the
 distinct-4 of the tokens timed. A row whose distinct-4 is under DEGENERATE (0.3) is text that
@@ -25,6 +25,7 @@ writes that many; at T>0 with its own sampler, so other tokens of the same lengt
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import math
@@ -43,10 +44,9 @@ S = longspec.SamplingConfig
 TOKENSWIFT = S(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)
 
 
-def code_edit_prompt() -> str:
-    import colorsys
+def code_edit_prompt(module: str = "colorsys") -> str:
     return ("Add type hints to every function of this module. Return the whole module, "
-            f"nothing else.\n\n```python\n{inspect.getsource(colorsys)}```")
+            f"nothing else.\n\n```python\n{inspect.getsource(importlib.import_module(module))}```")
 
 
 def workloads(args) -> list[tuple[str, str, S, int, bool]]:
@@ -56,7 +56,8 @@ def workloads(args) -> list[tuple[str, str, S, int, bool]]:
             + [("chat T=0.7", p, S(temperature=0.7, top_p=0.9), args.chat_tokens, False)
                for p in chat]
             + [("TokenSwift", p, TOKENSWIFT, args.tokenswift_tokens, True) for p in chat]
-            + [("code edit", code_edit_prompt(), S(temperature=0), args.edit_tokens, False)])
+            + [("code edit", code_edit_prompt(args.edit_module), S(temperature=0),
+                args.edit_tokens, False)])
 
 
 def ours(model, method: str, ids: list[int], n: int, sampling, ignore_eos: bool) -> dict:
@@ -108,6 +109,8 @@ def main() -> None:
     p.add_argument("--chat-tokens", type=int, default=1024)
     p.add_argument("--tokenswift-tokens", type=int, default=2048)
     p.add_argument("--edit-tokens", type=int, default=2048)
+    p.add_argument("--edit-module", default="colorsys", help="the standard-library module the "
+                   "code edit returns with type hints")
     p.add_argument("--no-llamacpp", action="store_true")
     p.add_argument("--out", default="results.json")
     args = p.parse_args()
