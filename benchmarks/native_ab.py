@@ -56,7 +56,8 @@ def main() -> None:
     net, native = model.net, model.net.native
     cpu = torch.device("cpu")
     print("context nodes products_ms loops_ms compiled_ms loops/products compiled/loops")
-    variants = {"products": (None, False), "loops": (None, True), "compiled": (native, True)}
+    variants = {"products": (None, "products"), "loops": (None, "loops"),
+                "compiled": (native, "loops")}
     for context in map(int, args.contexts.split(",")):
         cache = (random_cache if args.random_cache else prefilled_cache)(model, context, 16)
         for shape in (TreeShape([-1], cpu), TreeShape(TREE, cpu)):
@@ -67,8 +68,8 @@ def main() -> None:
             times = {name: [] for name in variants}
             logits = {}
             for _ in range(args.rounds):
-                for name, (layers, loops) in variants.items():
-                    net.native, net.loops = layers, loops
+                for name, (layers, attention) in variants.items():
+                    net.native, net.attention = layers, attention
                     logits[name] = net(*block).logits
                     times[name].append(median_ms(net, block, args.reps))
             net.native = native

@@ -3,6 +3,7 @@ file, an EAGLE drafter for the demo model trained in the session (a few seconds)
 that do not depend on how busy the machine is; and the `compiled` mark of the compiled code's
 tests."""
 
+import os
 import sysconfig
 from pathlib import Path
 
@@ -12,6 +13,11 @@ from helpers import make_checkpoint
 import longspec
 from longspec.models.compiled import extension, int4_mm_built
 from longspec.sizing import StepCost
+
+# on a CPU Triton's kernels (models/tree_attention.py) run in its interpreter, which must be
+# chosen before triton is first imported
+if os.environ.get("LONGSPEC_TEST_DEVICE", "cpu") == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # standard-library files the demo model saw in training: ~19K tokens
 DEMO_DATA = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "queue.py", "heapq.py")

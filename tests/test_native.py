@@ -54,7 +54,7 @@ def loads(hf, path, weights: str | dict[str, str]):
                     "the compiled layers do not make")
     python = longspec.load_model(**load, device="cpu")
     python.net.native = None
-    assert compiled.net.native is not None and python.net.loops
+    assert compiled.net.native is not None and python.net.attention == "loops"
     return compiled, python
 
 
@@ -164,7 +164,7 @@ def alone(model, cache, tokens: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("family", [*FAMILIES, "llama-q4_1-head48", "llama-q4_1-head64"])
 def test_loop_attention_rows_equal_tokens_run_alone(tmp_path, family):
     compiled, python = int4_models(tmp_path, family)
-    python.net.loops = False      # attention as products
+    python.net.attention = "products"
     reference = longspec.load_model(tmp_path / "m.gguf", device="cpu", dtype="float32",
                                     dequantize=True) if family.startswith("llama") else None
     reference = reference or longspec.load_model(tmp_path / "hf", device="cpu", dtype="float32")
@@ -204,7 +204,7 @@ def test_loop_attention_resume_equals_the_uninterrupted_run(tmp_path):
     kwargs = {"max_new_tokens": 40, "method": "ar", "seed": 3, "ignore_eos": True,
               "sampling": longspec.SamplingConfig(temperature=0.8, top_p=0.9)}
     ref = longspec.generate(compiled, list(range(3, 60)), **kwargs)
-    assert compiled.net.loops
+    assert compiled.net.attention == "loops"
     for k in (1, 17, 39):
         res = longspec.generate(compiled, list(range(3, 60)), resume_from=ref.token_ids[:k],
                                 **kwargs)
@@ -216,7 +216,7 @@ def test_heads_not_of_a_multiple_of_16_take_the_products_in_python(tmp_path):
                     vocab=320)
     model = longspec.load_model(tmp_path, quantize="q4", device="cpu")
     assert model.config.head_dim == 24
-    assert not model.net.loops and model.net.native is None
+    assert model.net.attention == "products" and model.net.native is None
     assert (model.profile.attention, model.profile.layers) == ("products", "python")
 
 

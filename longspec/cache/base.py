@@ -26,6 +26,8 @@ class AttentionPlan:
     n_keys: int                       # attend to key slots [0, n_keys)
     block_mask: torch.Tensor | None   # additive [q, q] over the block's own slots; None: see all
     block_order: torch.Tensor | None = None   # its rows' visible slots first (attention.py)
+    # (tail [q, q], count [q]) int32 for tree_attention.py's kernel (its block_layout)
+    layout: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def causal_mask(q: int, dtype: torch.dtype, device) -> torch.Tensor:

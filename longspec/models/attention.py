@@ -48,6 +48,19 @@ def block_order(mask: torch.Tensor | None) -> torch.Tensor | None:
     return order
 
 
+def block_layout(mask: torch.Tensor | None, q_len: int, device
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """tail [q, q] int32 (each row's visible block slots in slot order, which for a draft tree
+    is its ancestors in depth order, then the rest) and count [q] int32 (how many it sees),
+    from the block's additive [q, q] mask (None: every row sees the whole block)."""
+    if mask is None:
+        tail = torch.arange(q_len, dtype=torch.int32, device=device).expand(q_len, q_len)
+        return tail.contiguous(), torch.full((q_len,), q_len, dtype=torch.int32, device=device)
+    hidden = (mask != 0).to(torch.int8)
+    tail = torch.argsort(hidden, dim=-1, stable=True).to(torch.int32)
+    return tail, (q_len - hidden.sum(-1)).to(torch.int32)
+
+
 def pairwise_sum(parts: torch.Tensor) -> torch.Tensor:
     """Sum over dim 0 by a pairwise tree over a power-of-two count (zero-padded): a fixed
     order in which trailing zero partials leave every other subtree as it is."""

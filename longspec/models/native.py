@@ -25,6 +25,8 @@ the environment, the layers run in Python.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from types import ModuleType
 
 import torch
@@ -86,13 +88,44 @@ def attention_loops(net) -> bool:
             and net.config.head_dim % 16 == 0 and extension() is not None)
 
 
+def attention_path(net) -> str:
+    """Where `net`'s attention runs: "loops" (longspec::attention, attention_loops), "triton"
+    (tree_attention.py's kernel: on CUDA where Triton is installed and takes the heads) or
+    "products" (attention.py). LONGSPEC_ATTENTION=products or =triton in the environment
+    chooses (triton on a CPU runs under TRITON_INTERPRET=1, for tests)."""
+    chosen = os.environ.get("LONGSPEC_ATTENTION", "")
+    if chosen not in ("", "products", "triton"):
+        raise ValueError(f"LONGSPEC_ATTENTION={chosen!r}: use 'products' or 'triton', or unset it")
+    c = net.config
+    takes = importlib.util.find_spec("triton") is not None and tree_kernel_takes(
+        c.num_heads, c.num_kv_heads, c.head_dim)
+    if chosen == "triton":
+        if not takes:
+            raise ValueError("LONGSPEC_ATTENTION=triton needs the triton package and heads of a "
+                             f"power-of-two size of at least 16 (this model's: {c.head_dim})")
+        if net.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("LONGSPEC_ATTENTION=triton on a CPU needs TRITON_INTERPRET=1")
+        return "triton"
+    if chosen == "products":
+        return "products"
+    if attention_loops(net):
+        return "loops"
+    return "triton" if net.device.type == "cuda" and takes else "products"
+
+
+def tree_kernel_takes(heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether tree_attention.py's kernel takes these heads: a power-of-two size of at least
+    16 (its products' tile), a whole query group per key/value head."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and heads % kv_heads == 0
+
+
 def native_layers(net) -> NativeLayers | None:
     """The compiled layers for `net` where they apply: a model whose attention runs as
     longspec::attention, with int4 products (a quantized GGUF or `--quantize`) and no dense
     product as oneDNN's inner product (linear.py: bfloat16 on AVX-512 without bfloat16
     instructions; the compiled layers make dense products as F.linear); otherwise None."""
     products = _products(net)
-    if not attention_loops(net) or not any(isinstance(p, Int4Linear) for p in products):
+    if net.attention != "loops" or not any(isinstance(p, Int4Linear) for p in products):
         return None
     if any(isinstance(q, DenseLinear) and q.inner_product for p in products for q in _pieces(p)):
         return None

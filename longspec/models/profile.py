@@ -14,6 +14,8 @@ Switches that choose a profile (README, "Kernel profiles"):
 - ATEN_CPU_CAPABILITY=avx2 | avx512 | default: PyTorch's kernels, and the compiled layers'
   build, act as that CPU.
 - ONEDNN_MAX_CPU_ISA=AVX2 | AVX512_CORE | ...: oneDNN (the dense products) acts as that CPU.
+- LONGSPEC_ATTENTION=products | triton: attention as products (attention.py) or in the Triton
+  kernel (tree_attention.py; the default on CUDA where Triton is installed).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from .linear import Int4Linear
 # tokens a step takes, never which.
 ARITHMETIC = ("models/native.cpp", "models/int4_mm.cpp", "models/compiled.py",
               "models/native.py", "models/transformer.py", "models/linear.py",
-              "models/attention.py", "models/rope.py", "models/prefill.py", "models/build.py",
+              "models/attention.py", "models/tree_attention.py", "models/rope.py",
+              "models/prefill.py", "models/build.py",
               "models/gguf.py", "models/quant.py", "cache/base.py", "cache/full.py",
               "sampling.py", "sampler.py", "noise.py", "penalty.py")
 
@@ -55,7 +58,9 @@ class KernelProfile:
     weights: str         # the matrices: int4 (4- and 8-bit codes) or a dtype
     dtype: str           # the activations
     layers: str          # "compiled" (native.cpp) or "python"
-    attention: str       # "loops" (native.cpp, every length) or "products" (attention.py)
+    # "loops" (native.cpp, every length), "triton" (tree_attention.py) or "products"
+    # (attention.py)
+    attention: str
     # "int4_mm" (int4_mm.cpp, AVX2 or AVX-512), "aten", or ""
     # without int4 weights; "+" joins several (a matrix whose shape int4_mm does not take, one
     # of fewer than 16 outputs or a multiple of 16 plus some, runs on ATen's)
@@ -89,7 +94,7 @@ def kernel_profile(net, row_check: str = "not run", speculation: str = "on") -> 
         torch=torch.__version__, longspec=version(), code=code_digest(),
         weights="int4" if int4 else dtype, dtype=dtype,
         layers="compiled" if net.native is not None else "python",
-        attention="loops" if net.loops else "products",
+        attention=net.attention,
         int4_kernel=int4_kernel(int4),
         rows=cpu_rows() if cpu else f"chunk={CHUNK} cuda_rows={linear.CUDA_ROWS}",
         row_check=row_check, speculation=speculation)

@@ -160,9 +160,11 @@ def _paths(net) -> Iterator[str]:
     if net.native is not None:
         yield "compiled layers"
         net.native = None
-    if net.loops:
+    if net.attention == "loops":
         yield "Python layers"
-        net.loops = False
+    elif net.attention == "triton":
+        yield "Python layers with attention in one Triton kernel"
+    net.attention = "products"
     yield "Python layers with attention as products"
 
 
@@ -171,7 +173,7 @@ def checked_profile(net) -> KernelProfile:
     warning where that is not its first), or on its first path without speculation (with one
     warning) where none does."""
     answers = _Answers()
-    first = net.native, net.loops
+    first = net.native, net.attention
     failed = []
     for path in _paths(net):
         problem = answers.mismatch(net)
@@ -179,7 +181,7 @@ def checked_profile(net) -> KernelProfile:
             break
         failed.append(f"{path} failed ({problem})")
     else:
-        net.native, net.loops = first
+        net.native, net.attention = first
         where = "CPU" if net.device.type == "cpu" else "GPU"
         why = "; ".join(failed)
         warnings.warn(f"longspec: on this {where} a draft tree's rows differ from their tokens "

@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cache.base import AttentionPlan, KVCache
-from .attention import block_order, grouped_attention
+from .attention import block_layout, block_order, grouped_attention
 from .config import ModelConfig
 from .linear import DenseLinear, Int4Linear
-from .native import attention_loops, native_layers
+from .native import attention_path, native_layers
 from .rope import apply_rope, dynamic_frequencies, rope_cos_sin, rope_frequencies
 
 # an LM head: normed hidden states [n, hidden] -> logits [n, vocab]
@@ -55,10 +55,11 @@ class Block(nn.Module):
         self.wqkv, self.wo = w["wqkv"], w["wo"]
         self.w_gate_up, self.w_down = w["w_gate_up"], w["w_down"]
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan, loops: bool
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan,
+                attention: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's output [q, hidden] and its rotated queries [q, heads, head_dim];
-        attention as longspec::attention where `loops` (native.py), else as products."""
+        attention on the path `attention` names (native.attention_path): the plan's `layout`
+        present, "triton" runs tree_attention.py's kernel."""
         c = self.config
         q_len = x.shape[0]
         eps = c.rms_norm_eps
@@ -74,9 +75,13 @@ class Block(nn.Module):
         qk = apply_rope(qk, cos, sin)            # queries and keys rotated in one go
         q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
         keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
-        attention = torch.ops.longspec.attention if loops else grouped_attention
-        out = attention(q, keys, values, plan.start, plan.block_mask, plan.block_order,
-                        c.head_dim ** -0.5)
+        scale = c.head_dim ** -0.5
+        if plan.layout is not None:
+            from .tree_attention import tree_attention  # imports Triton: only on this path
+            out = tree_attention(q, keys, values, plan.start, plan.layout, scale)
+        else:
+            products = torch.ops.longspec.attention if attention == "loops" else grouped_attention
+            out = products(q, keys, values, plan.start, plan.block_mask, plan.block_order, scale)
         x = x + self.wo(out)
         h = F.rms_norm(x, (c.hidden_size,), self.mlp_norm, eps)
         gate, up = self.w_gate_up(h).chunk(2, dim=-1)
@@ -97,7 +102,7 @@ class Transformer(nn.Module):
         self.lm_head = lm_head
         self._head_read_back: torch.Tensor | None = None   # dense_head of a quantized head
         self.layers = nn.ModuleList(Block(config, w) for w in layers)
-        self.loops = attention_loops(self)  # attention as longspec::attention (native.py)
+        self.attention = attention_path(self)   # "loops", "triton" or "products" (native.py)
         self.native = native_layers(self)   # the compiled layers, where they apply
         inv_freq, self.rope_scale = rope_frequencies(config.rope, config.head_dim)
         self.inv_freq = inv_freq.to(self.device)
@@ -165,14 +170,20 @@ class Transformer(nn.Module):
         whose logits are computed (default: all), by `head` when given (hidden_to_logits).
         """
         cos, sin = self.rotary(positions)
-        plan = dataclasses.replace(cache.plan(tokens.shape[0], mask), block_order=block_order(mask))
+        plan = cache.plan(tokens.shape[0], mask)
+        if self.attention == "triton" and plan.n_keys == plan.start + plan.q:
+            # keys the committed slots then the block (a cache that keeps a subset of the
+            # history may leave visible slots after the block: those take the products)
+            plan = dataclasses.replace(plan, layout=block_layout(mask, plan.q, self.device))
+        else:
+            plan = dataclasses.replace(plan, block_order=block_order(mask))
         x = F.embedding(tokens, self.embed)
         if self.native is not None:
             x, queries = self.native(x, cos, sin, cache, plan, return_queries)
         else:
             queries = [] if return_queries else None
             for i, layer in enumerate(self.layers):
-                x, q = layer(x, cos, sin, i, cache, plan, self.loops)
+                x, q = layer(x, cos, sin, i, cache, plan, self.attention)
                 if queries is not None:
                     queries.append(q[-1])
         logits = None

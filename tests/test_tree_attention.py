@@ -1,0 +1,106 @@
+"""The Triton tree attention kernel (models/tree_attention.py): it computes attention (against
+attention.py's products), every row of a draft tree is bitwise the same token run alone after
+its ancestors (across chunk and split boundaries), and a model whose attention runs in it writes
+with every method what `ar` writes. On a CPU Triton's interpreter runs the kernels, in float32
+only (its products of bfloat16 tiles are wrong in Triton 3.9); with LONGSPEC_TEST_DEVICE=cuda
+they run on the GPU, in bfloat16 too."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")   # conftest.py chose the interpreter on a CPU
+from helpers import DEVICE, make_checkpoint
+
+import longspec
+from longspec.cache.base import CHUNK
+from longspec.models.attention import block_layout, block_order, grouped_attention
+from longspec.models.tree_attention import SPLIT, tree_attention
+from longspec.tree import TreeShape
+
+KV_HEADS, GROUP, HEAD_DIM = 2, 3, 16
+PARENTS = [-1, 0, 0, 1, 1, 2, 3, 6, 7]          # a tree 5 deep, branching at 0 and 1
+# committed lengths whose trees cross a chunk boundary, a split boundary, or neither
+STARTS = [10, CHUNK - 3, SPLIT * CHUNK - 2, SPLIT * CHUNK + 5]
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+
+
+def random_block(start: int, q_len: int, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    slots = -(-(start + q_len) // CHUNK) * CHUNK
+    keys, values = (torch.randn(KV_HEADS, slots, HEAD_DIM, generator=gen) for _ in range(2))
+    q = torch.randn(q_len, KV_HEADS * GROUP, HEAD_DIM, generator=gen)
+    return (t.to(DEVICE, dtype) for t in (q, keys, values))
+
+
+def kernel(q, keys, values, start, mask):
+    n = start + q.shape[0]
+    return tree_attention(q, keys[:, :n], values[:, :n], start,
+                          block_layout(mask, q.shape[0], q.device), HEAD_DIM ** -0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("start", STARTS)
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_kernel_computes_the_attention_the_products_compute(start, shape, dtype):
+    parents = list(range(-1, len(PARENTS) - 1)) if shape == "chain" else PARENTS
+    mask = TreeShape(parents, torch.device(DEVICE)).mask(dtype)
+    q, keys, values = random_block(start, len(parents), dtype)
+    n = start + len(parents)
+    expect = grouped_attention(q, keys[:, :n], values[:, :n], start, mask, block_order(mask),
+                               HEAD_DIM ** -0.5)
+    got = kernel(q, keys, values, start, mask)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, expect, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("start", STARTS)
+def test_every_tree_row_is_bitwise_its_token_run_alone(start, dtype):
+    shape = TreeShape(PARENTS, torch.device(DEVICE))
+    q, keys, values = random_block(start, len(PARENTS), dtype)
+    tree = kernel(q, keys, values, start, shape.mask(dtype))
+    for row in range(len(PARENTS)):
+        path = [row]
+        while PARENTS[path[-1]] >= 0:
+            path.append(PARENTS[path[-1]])
+        path.reverse()                        # the root, ..., the row: its keys in depth order
+        depth = len(path) - 1
+        alone_keys, alone_values = keys.clone(), values.clone()
+        for j, node in enumerate(path):       # the ancestors committed at consecutive slots
+            alone_keys[:, start + j] = keys[:, start + node]
+            alone_values[:, start + j] = values[:, start + node]
+        alone = kernel(q[row:row + 1], alone_keys, alone_values, start + depth, None)
+        assert torch.equal(tree[row], alone[0]), (start, row)
+
+
+@pytest.fixture(scope="module")
+def triton_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    make_checkpoint(out, "llama", heads=KV_HEADS * GROUP, kv_heads=KV_HEADS,
+                    hidden=KV_HEADS * GROUP * HEAD_DIM, vocab=64)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("LONGSPEC_ATTENTION", "triton")
+        model = longspec.load_model(out, device=DEVICE, dtype="float32")
+    assert model.profile.attention == "triton" and model.profile.row_check == "passed"
+    return model
+
+
+GREEDY = longspec.SamplingConfig(temperature=0)
+SAMPLED = longspec.SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=16)
+
+
+# the interpreter runs a program in milliseconds: one entry in the fast tier, the rest slow
+@pytest.mark.parametrize("method,setting", [
+    ("suffix", SAMPLED),
+    *(pytest.param(method, setting, marks=pytest.mark.slow)
+      for method, setting in [("suffix", GREEDY), ("auto", GREEDY), ("auto", SAMPLED),
+                              ("recycling", GREEDY), ("recycling", SAMPLED)])])
+def test_a_model_with_attention_in_the_kernel_writes_what_ar_writes(triton_model, method,
+                                                                    setting):
+    prompt = [5, 9, 14, 5, 9, 22, 31, 5, 9, 14, 40, 7] * 2
+    kwargs = {"max_new_tokens": 40, "sampling": setting, "seed": 3, "ignore_eos": True}
+    expect = longspec.generate(triton_model, prompt, method="ar", **kwargs)
+    options = {"gate": "off"} if method == "auto" else {"sizing": "fixed"}
+    res = longspec.generate(triton_model, prompt, method=method, options=options, **kwargs)
+    assert res.token_ids == expect.token_ids
+    assert res.stats["accepted_draft_tokens"] > 0
