@@ -1,0 +1,351 @@
+"""The device check: what a GPU lease runs, in one call, writing its JSON to --out after every
+run so that a lease cut short still returns what ran. A GPU lease is short (minutes): stage the
+model first (gpu_stage.py), then run this once; --budget-s stops starting runs when the time is
+spent (the runs not started are listed as skipped).
+
+  (a) exactness: every method that needs nothing beside the model against `ar`, greedy and
+      sampled (TokenSwift's setting), bfloat16 and float32, with the attention path the GPU
+      takes (tree_attention.py's kernel where Triton is);
+  (b) speed on the real model: `ar`, `auto` and transformers' `generate` with a static cache,
+      compiled (the strong peer on a GPU), on chat answers (end-of-sequence respected) and in
+      TokenSwift's setting (EOS ignored): tokens/s, where the answer ended, distinct-4, and
+      whether each is token-identical to `ar`;
+  (c) step costs with random weights at the Qwen2.5-1.5B and Llama-3.1-8B shapes, for 1, 16
+      and 64 rows at 8K, 32K and 100K cached positions, on each attention path, beside the
+      floor (every weight and the cache's keys and values read once at the card's measured
+      read bandwidth). Milliseconds only: random weights give no speedups;
+  (d) with --acceptance (tokens a step measured on a CPU with real weights, for trees of each
+      row count), the tokens/s those step costs would give at 100K, labelled projected.
+
+On the card (after gpu_stage.py join):
+
+    PYTHONPATH=.:/tmp/site python benchmarks/gpu_check.py --model .stage/smollm2.gguf \\
+        --out $OUT/gpu_check.json --budget-s 420
+
+Here, on a CPU, at tiny shapes (the slow tier runs this, so it cannot break unseen):
+
+    python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from chat_bench import PROMPTS
+
+import longspec
+from longspec.bench.metrics import answer_end, distinct_n, measure_bandwidth
+from longspec.cache import StaticCache
+from longspec.drafters import METHODS
+from longspec.models.build import build_transformer
+from longspec.models.config import config_from_hf
+from longspec.request import encode_prompt
+from longspec.tree import DraftTree, TreeTemplate
+
+S = longspec.SamplingConfig
+SETTINGS = {"greedy": S(temperature=0),
+            "tokenswift": S(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=1024)}
+# the shapes of (c): Hugging Face config fields (default rotary embedding: costs only)
+SHAPES = {
+    "qwen2.5-1.5b": {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 1536,
+                     "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2,
+                     "tie_word_embeddings": True, "max_position_embeddings": 131072},
+    "llama-3.1-8b": {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+                     "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "max_position_embeddings": 131072},
+}
+DRY_SHAPES = {"tiny": {"model_type": "llama", "vocab_size": 512, "hidden_size": 128,
+                       "intermediate_size": 256, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "num_key_value_heads": 2,
+                       "max_position_embeddings": 4096}}
+ROWS = (1, 16, 64)
+HF_WARM_UP_S = 90     # transformers' warm-up run: its compilation, then a few tokens
+TREE_DEPTH = 8
+
+
+class Report:
+    """The check's JSON, written whole after every entry, and the time left: `skipped` lists
+    what the budget left out, `not_run` the methods that need what the model lacks."""
+
+    def __init__(self, path: Path, budget_s: float, meta: dict):
+        self.path = path
+        self.deadline = time.monotonic() + budget_s
+        self.data = {"meta": meta, "exactness": [], "speed": [], "step_costs": [],
+                     "projected": [], "skipped": [], "not_run": {}}
+        self.write()
+
+    def time_left(self, what: str) -> bool:
+        if time.monotonic() < self.deadline:
+            return True
+        self.data["skipped"].append(what)
+        self.write()
+        return False
+
+    def add(self, part: str, entry: dict) -> None:
+        self.data[part].append(entry)
+        print(json.dumps({"part": part, **entry}), flush=True)
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+
+def timed_generate(model, prompt, **kwargs) -> tuple[list[int], dict, float]:
+    """Tokens, stats and wall seconds of one generation (the device synchronised)."""
+    sync(model.device)
+    begin = time.perf_counter()
+    res = longspec.generate(model, prompt, **kwargs)
+    sync(model.device)
+    return res.token_ids, res.stats, time.perf_counter() - begin
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def chat_prompt(model, text: str) -> list[int]:
+    """The text as a user's turn through the chat template (as text where the model has
+    none: the demo model of the dry run)."""
+    if getattr(model.tokenizer, "chat_template", None):
+        return encode_prompt(model, [{"role": "user", "content": text}])
+    return encode_prompt(model, text)
+
+
+def exactness(report: Report, path: str, device: str, tokens: int) -> None:
+    for dtype in ("bfloat16", "float32"):
+        model = longspec.load_model(path, device=device, dtype=dtype)
+        prompt = chat_prompt(model, PROMPTS[0])
+        for setting, sampling in SETTINGS.items():
+            common = {"max_new_tokens": tokens, "sampling": sampling, "seed": 3,
+                      "ignore_eos": True}
+            expect, _, _ = timed_generate(model, prompt, method="ar", **common)
+            for method in METHODS:
+                if method == "ar" or not report.time_left(f"exactness {dtype} {setting} {method}"):
+                    continue
+                try:
+                    got, stats, seconds = timed_generate(model, prompt, method=method, **common)
+                except ValueError as e:     # it needs a draft model, or a drafter not bundled
+                    report.data["not_run"][method] = str(e)
+                    continue
+                first = next((i for i, (a, b) in enumerate(zip(got, expect)) if a != b), None)
+                report.add("exactness", {
+                    "dtype": dtype, "setting": setting, "method": method,
+                    "identical": got == expect, "first_difference": first,
+                    "attention": model.profile.attention, "row_check": model.profile.row_check,
+                    "tokens": len(got), "tokens_a_step": stats["mean_accepted_length"],
+                    "seconds": round(seconds, 2)})
+
+
+def hf_generate(model):
+    """transformers' model of the same checkpoint with a static cache, whose decoding step
+    `generate` compiles on a GPU -> generate(prompt, n, sampling, eos, max_time) -> ids."""
+    from transformers import AutoModelForCausalLM
+
+    where, extra = model.transformers_location
+    hf = AutoModelForCausalLM.from_pretrained(where, dtype=model.dtype, **extra)
+    hf = hf.to(model.device).eval()
+    hf.generation_config.cache_implementation = "static"
+
+    def generate(prompt: list[int], n: int, sampling, eos: bool,
+                 max_time: float | None = None) -> list[int]:
+        kwargs = {"max_new_tokens": n, "pad_token_id": 0, "max_time": max_time}
+        if not eos:
+            kwargs["min_new_tokens"] = n
+        if sampling.greedy:
+            kwargs["do_sample"] = False
+        else:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=0, top_p=1.0,
+                          min_p=sampling.min_p or None, repetition_penalty=sampling.penalty)
+        ids = torch.tensor([prompt], device=model.device)
+        torch.manual_seed(3)
+        with torch.no_grad():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        return out[0, len(prompt):].tolist()
+
+    return generate
+
+
+def speed(report: Report, path: str, device: str, chat_tokens: int, long_tokens: int) -> None:
+    model = longspec.load_model(path, device=device, dtype="bfloat16")
+    eos = model.eos_token_ids
+    runs = [(f"chat {i}", PROMPTS[i], "greedy", chat_tokens, False) for i in range(2)]
+    runs.append(("tokenswift", PROMPTS[1], "tokenswift", long_tokens, True))
+    peer = hf_generate(model)
+    for name, text, setting, n, ignore_eos in runs:
+        prompt = chat_prompt(model, text)
+        sampling = SETTINGS[setting]
+        timed_generate(model, prompt, method="ar", max_new_tokens=16, sampling=sampling)  # warm
+        expect = None
+        for decoder in ("ar", "auto", "hf"):
+            if not report.time_left(f"speed {name} {decoder}"):
+                return
+            model.state.clear()
+            if decoder == "hf":
+                # compiles at this length (the static cache's), then stops
+                peer(prompt, n, sampling, not ignore_eos, max_time=HF_WARM_UP_S)
+                sync(model.device)
+                begin = time.perf_counter()
+                got, stats = peer(prompt, n, sampling, not ignore_eos), {}
+                sync(model.device)
+                seconds = time.perf_counter() - begin
+            else:
+                got, stats, seconds = timed_generate(
+                    model, prompt, method=decoder, max_new_tokens=n, sampling=sampling, seed=3,
+                    ignore_eos=ignore_eos)
+            expect = got if decoder == "ar" else expect
+            report.add("speed", {
+                "run": name, "setting": setting, "decoder": decoder, "tokens": len(got),
+                "tokens_per_s": round(len(got) / seconds, 1),
+                "answer_end": answer_end(got, eos), "distinct_4": round(distinct_n(got, 4), 3),
+                "identical_to_ar": got == expect,
+                "tokens_a_step": stats.get("mean_accepted_length")})
+
+
+def random_net(fields: dict, dtype: torch.dtype, device: torch.device):
+    """A network of these Hugging Face config fields with random weights (norms of one)."""
+    c = config_from_hf(fields)
+    gen = torch.Generator(device).manual_seed(0)
+    h, d, inter = c.hidden_size, c.head_dim, c.intermediate_size
+
+    def rand(*shape):
+        return torch.randn(shape, generator=gen, device=device, dtype=dtype) * 0.02
+
+    tensors = {"embed_tokens.weight": rand(c.vocab_size, h), "norm.weight": rand(h) + 1}
+    if not c.tie_word_embeddings:
+        tensors["lm_head.weight"] = rand(c.vocab_size, h)
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        shapes = {"self_attn.q_proj": (c.num_heads * d, h),
+                  "self_attn.k_proj": (c.num_kv_heads * d, h),
+                  "self_attn.v_proj": (c.num_kv_heads * d, h),
+                  "self_attn.o_proj": (h, c.num_heads * d),
+                  "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+                  "mlp.down_proj": (h, inter)}
+        tensors.update({p + name + ".weight": rand(*shape) for name, shape in shapes.items()})
+        if c.model_type == "qwen2":
+            tensors.update({p + f"self_attn.{x}_proj.bias": rand(shape[0]) for x, shape in
+                            (("q", shapes["self_attn.q_proj"]), ("k", shapes["self_attn.k_proj"]),
+                             ("v", shapes["self_attn.v_proj"]))})
+        tensors[p + "input_layernorm.weight"] = rand(h) + 1
+        tensors[p + "post_attention_layernorm.weight"] = rand(h) + 1
+    return build_transformer(c, tensors, dtype, device)
+
+
+def step_ms(net, cache, rows: int, repeats: int) -> float:
+    """Median milliseconds of a forward over a `rows`-node tree and the argmax of its logits."""
+    shape = TreeTemplate(rows, min(rows - 1, TREE_DEPTH), net.device).shape
+    tree = DraftTree(shape, torch.randint(0, net.config.vocab_size, (rows,), device=net.device))
+    mask = shape.mask(net.dtype) if rows > 1 else None
+    positions = shape.depth + cache.length
+    times = []
+    for _ in range(repeats + 1):
+        sync(net.device)
+        begin = time.perf_counter()
+        net(tree.tokens, positions, cache, mask).logits.argmax(-1).tolist()
+        times.append(time.perf_counter() - begin)
+    return 1e3 * statistics.median(times[1:])
+
+
+def step_costs(report: Report, device: torch.device, shapes: dict, contexts: list[int],
+               paths: list[str], repeats: int) -> dict:
+    bandwidth = measure_bandwidth(device)
+    costs = {}
+    for name, fields in shapes.items():
+        if not report.time_left(f"step costs {name}"):
+            break
+        net = random_net(fields, torch.bfloat16, device)
+        c = net.config
+        # a step reads every layer's weights and the head (the embedding's rows only)
+        weights = (sum(t.numel() * t.element_size() for t in
+                       (*net.layers.parameters(), *net.layers.buffers()))
+                   + c.vocab_size * c.hidden_size * net.dtype.itemsize)
+        for context in contexts:
+            cache = StaticCache(c, context + max(ROWS) + 1, torch.bfloat16, device)
+            cache.commit(context)
+            kv = context * c.kv_bytes_per_token(2)
+            floor = 1e3 * (weights + kv) / bandwidth
+            for path in paths:
+                net.attention = path
+                for rows in ROWS:
+                    if not report.time_left(f"step costs {name} {context} {path} {rows}"):
+                        return costs
+                    ms = step_ms(net, cache, rows, repeats)
+                    costs[(name, context, path, rows)] = ms
+                    report.add("step_costs", {
+                        "shape": name, "context": context, "attention": path, "rows": rows,
+                        "ms": round(ms, 3), "floor_ms": round(floor, 3),
+                        "over_floor": round(ms / floor, 2)})
+            del cache
+        del net
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return costs
+
+
+def projected(report: Report, costs: dict, acceptance: dict[int, float]) -> None:
+    """Tokens/s that the step costs at the longest context give with the acceptance measured
+    on a CPU (tokens a step for a tree of each row count), against one row a step."""
+    longest = max(context for _, context, _, _ in costs)
+    for (name, context, path, rows), ms in costs.items():
+        if context == longest and rows in acceptance and (name, context, path, 1) in costs:
+            plain = 1e3 / costs[(name, context, path, 1)]
+            tokens_per_s = acceptance[rows] * 1e3 / ms
+            report.add("projected", {
+                "shape": name, "context": context, "attention": path, "rows": rows,
+                "tokens_a_step": acceptance[rows], "projected_tokens_per_s": round(tokens_per_s),
+                "projected_speedup": round(tokens_per_s / plain, 2)})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2", help="the real model of (a) and (b)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--budget-s", type=float, default=420, help="start no run after this")
+    p.add_argument("--parts", default="a,b,c,d")
+    p.add_argument("--exact-tokens", type=int, default=256)
+    p.add_argument("--chat-tokens", type=int, default=1024)
+    p.add_argument("--long-tokens", type=int, default=6144)
+    p.add_argument("--contexts", default="8192,32768,100000")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--acceptance", default="",
+                   help="ROWS=TOKENS_A_STEP,... measured on a CPU, for (d)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="on this machine's CPU at tiny shapes and lengths (the demo model)")
+    args = p.parse_args()
+    parts = set(args.parts.split(","))
+    cuda = torch.cuda.is_available() and not args.dry_run
+    device = torch.device("cuda" if cuda else "cpu")
+    if args.dry_run:
+        args.model, args.exact_tokens, args.chat_tokens, args.long_tokens = "demo", 24, 24, 48
+        args.contexts, args.repeats = "300,1100", 2
+    paths = ["triton", "products"] if cuda else ["products"]
+    meta = {"device": torch.cuda.get_device_name() if cuda else "cpu",
+            "torch": torch.__version__, "dry_run": args.dry_run, "args": vars(args) | {
+                "out": str(args.out)}}
+    report = Report(args.out, args.budget_s, meta)
+    if "a" in parts:
+        exactness(report, args.model, device.type, args.exact_tokens)
+    if "b" in parts:
+        speed(report, args.model, device.type, args.chat_tokens, args.long_tokens)
+    costs = {}
+    if "c" in parts:
+        costs = step_costs(report, device, DRY_SHAPES if args.dry_run else SHAPES,
+                           [int(x) for x in args.contexts.split(",")], paths, args.repeats)
+    if "d" in parts and args.acceptance and costs:
+        acceptance = {int(k): float(v) for k, v in
+                      (item.split("=") for item in args.acceptance.split(","))}
+        projected(report, costs, acceptance)
+
+
+if __name__ == "__main__":
+    main()

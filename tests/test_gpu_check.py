@@ -1,0 +1,53 @@
+"""The device check (benchmarks/gpu_check.py) and its staging (benchmarks/gpu_stage.py), run
+here so that a GPU lease never meets them broken: the check's dry run on this CPU writes every
+part, and a model cut into parts joins back only when every part arrived whole."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def stage_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu_stage
+    return gpu_stage
+
+
+def test_a_model_cut_into_parts_joins_back_with_every_digest_checked(tmp_path, stage_module):
+    source = tmp_path / "model.gguf"
+    source.write_bytes(bytes(range(256)) * 14 + b"tail")
+    stage = tmp_path / "stage"
+    names = stage_module.split(source, stage, part_bytes=1000)
+    assert names == ["part-1", "part-2", "part-3", "part-4"]
+    assert stage_module.join(stage).read_bytes() == source.read_bytes()
+    (stage / "part-3").write_bytes(b"x" * 1000)
+    with pytest.raises(SystemExit, match="part-3"):
+        stage_module.join(stage)
+    (stage / "part-3").unlink()
+    with pytest.raises(SystemExit, match="missing.*part-3"):
+        stage_module.join(stage)
+
+
+@pytest.mark.slow
+def test_the_device_check_dry_run_writes_every_part(tmp_path):
+    out = tmp_path / "check.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--dry-run",
+                    "--out", str(out), "--acceptance", "16=2.5"], check=True, timeout=900)
+    report = json.loads(out.read_text())
+    assert report["skipped"] == []
+    exact = report["exactness"]
+    assert {e["dtype"] for e in exact} == {"bfloat16", "float32"}
+    assert all(e["identical"] for e in exact), [e for e in exact if not e["identical"]]
+    assert {e["decoder"] for e in report["speed"]} == {"ar", "auto", "hf"}
+    assert all(e["identical_to_ar"] for e in report["speed"] if e["decoder"] == "auto")
+    costs = report["step_costs"]
+    assert {(e["context"], e["rows"]) for e in costs} == {(c, r) for c in (300, 1100)
+                                                          for r in (1, 16, 64)}
+    assert all(e["ms"] > 0 and e["floor_ms"] > 0 for e in costs)
+    assert [e["rows"] for e in report["projected"]] == [16]
