@@ -18,7 +18,7 @@ import torch
 
 from .cache import StaticCache
 from .drafters.base import Budget, Drafter
-from .memory import PeakMemory, ensure_fits
+from .memory import PeakMemory, ensure_fits, upload
 from .models.loader import Model
 from .models.prefill import prefill
 from .sampler import Sampler
@@ -106,7 +106,7 @@ class Engine:
         (a best-first template; trees cost more than chains in attention). Its keys land in
         uncommitted slots; nothing else changes."""
         shape = TreeTemplate(n, min(n - 1, MEASURE_DEPTH), self.device).shape
-        tree = DraftTree(shape, torch.tensor(self.tokens[-1:] * n, device=self.device))
+        tree = DraftTree(shape, upload(self.tokens[-1:] * n, self.device))
         self._sync()
         begin = time.perf_counter()
         out = self.net(tree.tokens, shape.depth + self.cache.length, self.cache,

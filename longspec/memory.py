@@ -1,4 +1,5 @@
-"""Free memory on a device, and human-readable sizes, for checks made before allocating."""
+"""Free memory on a device, and human-readable sizes, for checks made before allocating; host
+values uploaded to a device without waiting for it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,16 @@ def available_bytes(device: torch.device) -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def upload(values: list | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host values (a list of ints, or a CPU tensor) on `device`. On a GPU the copy goes
+    through pinned memory without blocking: it queues behind the work already issued, where a
+    copy from pageable memory would first wait for that work (a host sync)."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def format_bytes(n: float) -> str:

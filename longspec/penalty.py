@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .memory import upload
 from .tree import DraftTree
 
 
@@ -24,7 +25,7 @@ class PenaltyWindow:
 
     def _add(self, tokens: list[int], sign: int) -> None:
         if tokens:
-            idx = torch.tensor(tokens, device=self.device)
+            idx = upload(tokens, self.device)
             self.counts.index_add_(0, idx, torch.full((len(tokens),), sign, dtype=torch.int32,
                                                       device=self.device))
 
@@ -56,7 +57,7 @@ class PenaltyWindow:
             slid = (shape.depth + (length - self.window)).clamp(min=0, max=length) - start
             k = torch.arange(len(leaving), device=self.device)
             drop = (k[None, :] < slid[:, None]).int()
-            leave = torch.tensor(leaving, device=self.device).expand(shape.n, -1)
+            leave = upload(leaving, self.device).expand(shape.n, -1)
             counts.scatter_add_(1, leave, -drop)
         return counts > 0
 
@@ -65,14 +66,14 @@ class PenaltyWindow:
         if not path:
             return (self.counts > 0)[None]
         counts = self.counts.clone()
-        counts.index_add_(0, torch.tensor(path[-self.window:], device=self.device),
+        counts.index_add_(0, upload(path[-self.window:], self.device),
                           torch.ones(min(len(path), self.window), dtype=torch.int32,
                                      device=self.device))
         length = len(self.tokens)
         start = max(0, length - self.window)
         keep_from = min(max(0, length + len(path) - self.window), length)
         if keep_from > start:
-            gone = torch.tensor(self.tokens[start:keep_from], device=self.device)
+            gone = upload(self.tokens[start:keep_from], self.device)
             counts.index_add_(0, gone, -torch.ones_like(gone, dtype=torch.int32))
         return (counts > 0)[None]
 

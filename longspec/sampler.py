@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .memory import upload
 from .noise import PositionNoise
 from .penalty import PenaltyWindow
 from .sampling import SamplingConfig, process_logits
@@ -62,7 +63,7 @@ class Sampler:
         processed = process_logits(logits, self.config, present)
         if self.rejection:
             return processed, int(self.sample(processed)[0])
-        position = torch.tensor([self.length + len(path)], device=self.device)
+        position = upload([self.length + len(path)], self.device)
         return processed, int(self._choose(processed, position)[0])
 
     def guess_scores(self, logits: torch.Tensor, first_depth: int, noise: bool = True,

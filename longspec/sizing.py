@@ -35,8 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import torch
-
+from .memory import upload
 from .tree import DraftTree, TreeShape
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -180,7 +179,7 @@ def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
     """The tree restricted to the nodes `keep` (increasing, the root first, parents kept)."""
     new = {old: k for k, old in enumerate(keep)}
     parents = tuple([-1] + [new[tree.shape.parents[i]] for i in keep[1:]])
-    index = torch.tensor(keep, device=tree.tokens.device)
+    index = upload(keep, tree.tokens.device)
     probs = None if tree.draft_probs is None else tree.draft_probs[index[1:] - 1]
     return DraftTree(TreeShape.of(parents, tree.shape.device), tree.tokens[index], probs,
                      [tree.scores[i] for i in keep], [tree.sources[i] for i in keep])

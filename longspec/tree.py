@@ -14,6 +14,8 @@ import heapq
 
 import torch
 
+from .memory import upload
+
 
 class TreeShape:
     """Parents and depths of a draft tree, with derived device buffers.
@@ -36,19 +38,23 @@ class TreeShape:
         self.depths = depths
         self.max_depth = max(depths)
         self.device = device
-        parent_t = torch.tensor([max(p, 0) for p in parents], device=device)
-        self.parent = parent_t
-        self.depth = torch.tensor(depths, device=device)
-        idx = torch.arange(n, device=device)
-        self.ancestors = torch.zeros(n, n, dtype=torch.bool, device=device)
-        self.paths = torch.full((n, self.max_depth + 1), -1, dtype=torch.long, device=device)
+        # built on the host, then uploaded in one copy (no host sync on a GPU)
+        parent_t = torch.tensor([max(p, 0) for p in parents])
+        depth_t = torch.tensor(depths)
+        idx = torch.arange(n)
+        ancestors = torch.zeros(n, n, dtype=torch.long)
+        paths = torch.full((n, self.max_depth + 1), -1, dtype=torch.long)
         cur = idx
         for step in range(self.max_depth + 1):
-            at = self.depth - step
+            at = depth_t - step
             valid = at >= 0
-            self.ancestors[idx[valid], cur[valid]] = True
-            self.paths[idx[valid], at[valid]] = cur[valid]
+            ancestors[idx[valid], cur[valid]] = 1
+            paths[idx[valid], at[valid]] = cur[valid]
             cur = parent_t[cur]
+        packed = upload(torch.cat([parent_t, depth_t, ancestors.view(-1), paths.view(-1)]), device)
+        self.parent, self.depth, ancestors, paths = packed.split([n, n, n * n, paths.numel()])
+        self.ancestors = ancestors.view(n, n).bool()
+        self.paths = paths.view(n, self.max_depth + 1)
         self._masks: dict[torch.dtype, torch.Tensor] = {}
 
     def mask(self, dtype: torch.dtype) -> torch.Tensor | None:
@@ -176,7 +182,7 @@ class TrieBuilder:
 
     def build(self, device: torch.device) -> DraftTree:
         shape = TreeShape.of(tuple(self.parents), device)
-        return DraftTree(shape, torch.tensor(self.tokens, device=device), scores=self.scores,
+        return DraftTree(shape, upload(self.tokens, device), scores=self.scores,
                          sources=self.sources)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..memory import upload
 from .base import AttentionPlan, KVCache
 
 
@@ -35,7 +36,7 @@ class StaticCache(KVCache):
         into contiguous slots after the committed ones: one gather and copy per layer."""
         n = len(indices)
         if indices != list(range(n)):
-            src = torch.tensor(indices, device=self.k[0].device) + self.length
+            src = upload(indices, self.k[0].device) + self.length
             for buf in (*self.k, *self.v):
                 buf[:, self.length:self.length + n] = buf.index_select(1, src)
         self.length += n
