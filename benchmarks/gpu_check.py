@@ -11,19 +11,26 @@ spent (the runs not started are listed as skipped).
       TokenSwift's setting (EOS ignored): tokens/s, where the answer ended, distinct-4, and
       whether each is token-identical to `ar`;
   (c) step costs with random weights at the Qwen2.5-1.5B and Llama-3.1-8B shapes, for 1, 16
-      and 64 rows at 8K, 32K and 100K cached positions, on each attention path, beside the
-      floor (every weight and the cache's keys and values read once at the card's measured
-      read bandwidth). Milliseconds only: random weights give no speedups;
+      and 64 rows at 8K, 32K and 100K cached positions, on each attention path (the Triton
+      kernel with the step captured as a CUDA graph per bucket, the time of the first step, a
+      capture's, given; the kernel eager; the products), beside the floor (every weight and
+      the cache's keys and values read once at the card's measured read bandwidth).
+      Milliseconds only: random weights give no speedups;
   (d) the tokens/s those step costs give at the longest context with the tokens a step
       measured on a CPU with real weights for trees of each row count (--acceptance), labelled
       projected.
 
-On the card (after gpu_stage.py join):
+On the card (after gpu_stage.py join), the kernel's tests there first (bitwise rows in
+bfloat16 and float32, the steps captured; a minute), then the check:
 
-    PYTHONPATH=.:/tmp/site python benchmarks/gpu_check.py --model .stage/smollm2.gguf \\
-        --out $OUT/gpu_check.json --budget-s 420
+    export PYTHONPATH=.:/tmp/site LONGSPEC_TEST_DEVICE=cuda
+    python -m pytest -q -m "slow or not slow" tests/test_tree_attention.py 2>&1 \\
+        | tee $OUT/kernel_tests.log
+    python benchmarks/gpu_check.py --model .stage/smollm2.gguf --out $OUT/gpu_check.json \\
+        --budget-s 420
 
-Here, on a CPU, at tiny shapes (the slow tier runs this, so it cannot break unseen):
+Here, on a CPU, at tiny shapes, the kernel under Triton's interpreter (the slow tier runs
+this, so it cannot break unseen):
 
     python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check.json
 """
@@ -31,7 +38,9 @@ Here, on a CPU, at tiny shapes (the slow tier runs this, so it cannot break unse
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -45,6 +54,7 @@ from longspec.cache import StaticCache
 from longspec.drafters import METHODS
 from longspec.models.build import build_transformer
 from longspec.models.config import config_from_hf
+from longspec.models.graphs import StaticSteps, graphs_wanted
 from longspec.request import encode_prompt
 from longspec.tree import DraftTree, TreeTemplate
 
@@ -67,6 +77,7 @@ DRY_SHAPES = {"tiny": {"model_type": "llama", "vocab_size": 512, "hidden_size": 
                        "num_attention_heads": 4, "num_key_value_heads": 2,
                        "max_position_embeddings": 4096}}
 ROWS = (1, 16, 64)
+DRY_ROWS = (1, 16)     # the dry run's (Triton's interpreter runs a row's programs in ms)
 # Tokens a step of `auto` verifying trees of exactly 16 and 64 nodes, Qwen2.5-Coder-1.5B in
 # TokenSwift's setting, 1,024 tokens, every run identical to `ar` (BENCHMARKS.md, "Acceptance of
 # fixed trees"; greedy: 2.27 and 2.64)
@@ -147,6 +158,7 @@ def exactness(report: Report, path: str, device: str, tokens: int) -> None:
                     "dtype": dtype, "setting": setting, "method": method,
                     "identical": got == expect, "first_difference": first,
                     "attention": model.profile.attention, "row_check": model.profile.row_check,
+                    "graphs": graphs_wanted(model.net),
                     "tokens": len(got), "tokens_a_step": stats["mean_accepted_length"],
                     "seconds": round(seconds, 2)})
 
@@ -246,8 +258,11 @@ def random_net(fields: dict, dtype: torch.dtype, device: torch.device):
     return build_transformer(c, tensors, dtype, device)
 
 
-def step_ms(net, cache, rows: int, repeats: int) -> float:
-    """Median milliseconds of a forward over a `rows`-node tree and the argmax of its logits."""
+def step_ms(net, cache, rows: int, repeats: int, steps: StaticSteps | None
+            ) -> tuple[float, float]:
+    """Median milliseconds of a forward over a `rows`-node tree and the argmax of its logits
+    (through `steps`, its bucket: captured on CUDA), and the first one's seconds (a capture's
+    cost, with `steps`)."""
     shape = TreeTemplate(rows, min(rows - 1, TREE_DEPTH), net.device).shape
     tree = DraftTree(shape, torch.randint(0, net.config.vocab_size, (rows,), device=net.device))
     mask = shape.mask(net.dtype) if rows > 1 else None
@@ -256,13 +271,14 @@ def step_ms(net, cache, rows: int, repeats: int) -> float:
     for _ in range(repeats + 1):
         sync(net.device)
         begin = time.perf_counter()
-        net(tree.tokens, positions, cache, mask).logits.argmax(-1).tolist()
+        out = net(tree.tokens, positions, cache, mask) if steps is None else steps(tree)
+        out.logits.argmax(-1).tolist()
         times.append(time.perf_counter() - begin)
-    return 1e3 * statistics.median(times[1:])
+    return 1e3 * statistics.median(times[1:]), times[0]
 
 
 def step_costs(report: Report, device: torch.device, shapes: dict, contexts: list[int],
-               paths: list[str], repeats: int) -> dict:
+               row_counts: tuple[int, ...], paths: list[str], repeats: int) -> dict:
     bandwidth = measure_bandwidth(device)
     costs = {}
     for name, fields in shapes.items():
@@ -275,21 +291,22 @@ def step_costs(report: Report, device: torch.device, shapes: dict, contexts: lis
                        (*net.layers.parameters(), *net.layers.buffers()))
                    + c.vocab_size * c.hidden_size * net.dtype.itemsize)
         for context in contexts:
-            cache = StaticCache(c, context + max(ROWS) + 1, torch.bfloat16, device)
+            cache = StaticCache(c, context + max(row_counts) + 1, torch.bfloat16, device)
             cache.commit(context)
             kv = context * c.kv_bytes_per_token(2)
             floor = 1e3 * (weights + kv) / bandwidth
             for path in paths:
-                net.attention = path
-                for rows in ROWS:
+                net.attention = path.removesuffix("+graphs")
+                steps = StaticSteps(net, cache) if path.endswith("+graphs") else None
+                for rows in row_counts:
                     if not report.time_left(f"step costs {name} {context} {path} {rows}"):
                         return costs
-                    ms = step_ms(net, cache, rows, repeats)
+                    ms, first_s = step_ms(net, cache, rows, repeats, steps)
                     costs[(name, context, path, rows)] = ms
                     report.add("step_costs", {
                         "shape": name, "context": context, "attention": path, "rows": rows,
                         "ms": round(ms, 3), "floor_ms": round(floor, 3),
-                        "over_floor": round(ms / floor, 2)})
+                        "over_floor": round(ms / floor, 2), "first_s": round(first_s, 2)})
             del cache
         del net
         if device.type == "cuda":
@@ -332,8 +349,12 @@ def main() -> None:
     device = torch.device("cuda" if cuda else "cpu")
     if args.dry_run:
         args.model, args.exact_tokens, args.chat_tokens, args.long_tokens = "demo", 24, 24, 48
-        args.contexts, args.repeats = "300,1100", 2
-    paths = ["triton", "products"] if cuda else ["products"]
+        args.contexts, args.repeats = "300,1100", 1
+    paths = ["products"]
+    if importlib.util.find_spec("triton") is not None:
+        paths = ["triton+graphs", "triton", "products"]
+        if not cuda:       # the kernels under Triton's interpreter (before triton is imported)
+            os.environ["TRITON_INTERPRET"] = "1"
     meta = {"device": torch.cuda.get_device_name() if cuda else "cpu",
             "torch": torch.__version__, "dry_run": args.dry_run, "args": vars(args) | {
                 "out": str(args.out)}}
@@ -345,7 +366,8 @@ def main() -> None:
     costs = {}
     if "c" in parts:
         costs = step_costs(report, device, DRY_SHAPES if args.dry_run else SHAPES,
-                           [int(x) for x in args.contexts.split(",")], paths, args.repeats)
+                           [int(x) for x in args.contexts.split(",")],
+                           DRY_ROWS if args.dry_run else ROWS, paths, args.repeats)
     if "d" in parts and costs:
         acceptance = {int(k): float(v) for k, v in
                       (item.split("=") for item in args.acceptance.split(","))}

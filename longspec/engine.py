@@ -19,6 +19,7 @@ import torch
 from .cache import StaticCache
 from .drafters.base import Budget, Drafter
 from .memory import PeakMemory, ensure_fits, upload
+from .models.graphs import StaticSteps, graphs_wanted
 from .models.loader import Model
 from .models.prefill import prefill
 from .sampler import Sampler
@@ -50,6 +51,7 @@ class Engine:
                            "on" if profile is None else profile.speculation)
         self.tokens: list[int] = []      # committed: prompt, then new tokens
         self.cache: StaticCache | None = None
+        self.steps: StaticSteps | None = None    # tree steps at static shapes (graphs.py)
         self.done = False
         # what sizing learns lives with the model, so later generations start informed:
         # step costs per tree cap, calibration per method and sampling setting
@@ -59,8 +61,12 @@ class Engine:
     # -- set-up ---------------------------------------------------------------------------------
 
     def plan_capacity(self, prompt_len: int) -> int:
-        """Cache slots: the whole sequence plus room for one draft tree."""
-        return prompt_len + self.max_new_tokens + self.budget.max_nodes + 1
+        """Cache slots: the whole sequence plus room for one draft tree (padded to its bucket
+        of rows where tree steps run at static shapes)."""
+        rows = self.budget.max_nodes
+        if graphs_wanted(self.net):
+            rows = StaticSteps.rows_needed(rows)
+        return prompt_len + self.max_new_tokens + rows + 1
 
     def check_memory(self, prompt_len: int) -> None:
         """Raise ValueError, before anything is allocated, when the KV cache would not fit."""
@@ -75,6 +81,8 @@ class Engine:
         begin = time.perf_counter()
         self.cache = StaticCache(self.model.config, self.plan_capacity(len(prompt_ids)),
                                  self.model.dtype, self.device)
+        if graphs_wanted(self.net):
+            self.steps = StaticSteps(self.net, self.cache)
         d = self.drafter
         wants_output = d.needs_prefill_logits or d.needs_hidden
         prefill(self.net, prompt_ids[:-1], self.cache, 0, need_logits=d.needs_prefill_logits,
@@ -91,12 +99,18 @@ class Engine:
 
     # -- one step: propose -> verify -> commit ----------------------------------------------------
 
+    def forward(self, tree: DraftTree, hidden: bool = False):
+        """The target's forward over the tree (its keys into the slots past the committed)."""
+        if self.steps is not None:
+            return self.steps(tree)
+        shape = tree.shape
+        return self.net(tree.tokens, shape.depth + self.cache.length, self.cache,
+                        shape.mask(self.model.dtype), return_hidden=hidden)
+
     def target(self, tree: DraftTree) -> TargetOutput:
         """One forward of the target over the tree, and its choice after every node."""
-        shape = tree.shape
         begin = time.perf_counter()
-        out = self.net(tree.tokens, shape.depth + self.cache.length, self.cache,
-                       shape.mask(self.model.dtype), return_hidden=self.drafter.needs_hidden)
+        out = self.forward(tree, self.drafter.needs_hidden)
         self.stats.verify_forward_s += time.perf_counter() - begin
         processed, choices = self.sampler.tree_choices(tree, out.logits)
         return TargetOutput(out, processed, choices)
@@ -109,8 +123,7 @@ class Engine:
         tree = DraftTree(shape, upload(self.tokens[-1:] * n, self.device))
         self._sync()
         begin = time.perf_counter()
-        out = self.net(tree.tokens, shape.depth + self.cache.length, self.cache,
-                       shape.mask(self.model.dtype))
+        out = self.forward(tree)
         self.sampler.tree_choices(tree, out.logits)[1].tolist()
         seconds = time.perf_counter() - begin
         self.stats.sizing_s += seconds

@@ -52,9 +52,11 @@ class TreeShape:
             paths[idx[valid], at[valid]] = cur[valid]
             cur = parent_t[cur]
         packed = upload(torch.cat([parent_t, depth_t, ancestors.view(-1), paths.view(-1)]), device)
-        self.parent, self.depth, ancestors, paths = packed.split([n, n, n * n, paths.numel()])
+        self.parent, self.depth, ancestors, packed_paths = packed.split(
+            [n, n, n * n, paths.numel()])
         self.ancestors = ancestors.view(n, n).bool()
-        self.paths = paths.view(n, self.max_depth + 1)
+        self.host_paths = paths                 # on the host (a captured step's layout)
+        self.paths = packed_paths.view(n, self.max_depth + 1)
         self._masks: dict[torch.dtype, torch.Tensor] = {}
 
     def mask(self, dtype: torch.dtype) -> torch.Tensor | None:

@@ -47,7 +47,8 @@ def test_the_device_check_dry_run_writes_every_part(tmp_path):
     assert {e["decoder"] for e in report["speed"]} == {"ar", "auto", "hf"}
     assert all(e["identical_to_ar"] for e in report["speed"] if e["decoder"] == "auto")
     costs = report["step_costs"]
-    assert {(e["context"], e["rows"]) for e in costs} == {(c, r) for c in (300, 1100)
-                                                          for r in (1, 16, 64)}
+    paths = ["triton+graphs", "triton", "products"]     # the kernel under the interpreter
+    assert {(e["attention"], e["context"], e["rows"]) for e in costs} == {
+        (a, c, r) for a in paths for c in (300, 1100) for r in (1, 16)}
     assert all(e["ms"] > 0 and e["floor_ms"] > 0 for e in costs)
-    assert [e["rows"] for e in report["projected"]] == [16]
+    assert [(e["attention"], e["rows"]) for e in report["projected"]] == [(a, 16) for a in paths]

@@ -1,9 +1,10 @@
 """The Triton tree attention kernel (models/tree_attention.py): it computes attention (against
 attention.py's products), every row of a draft tree is bitwise the same token run alone after
-its ancestors (across chunk and split boundaries), and a model whose attention runs in it writes
-with every method what `ar` writes. On a CPU Triton's interpreter runs the kernels, in float32
-only (its products of bfloat16 tiles are wrong in Triton 3.9); with LONGSPEC_TEST_DEVICE=cuda
-they run on the GPU, in bfloat16 too."""
+its ancestors (across chunk and split boundaries), a step at static shapes (models/graphs.py)
+gives the eager forward's rows, and a model whose attention runs in it (its tree steps at
+static shapes) writes with every method what `ar` writes. On a CPU Triton's interpreter runs
+the kernels, in float32 only (its products of bfloat16 tiles are wrong in Triton 3.9); with
+LONGSPEC_TEST_DEVICE=cuda they run on the GPU, in bfloat16 too, and the steps are captured."""
 
 import pytest
 import torch
@@ -12,10 +13,13 @@ pytest.importorskip("triton")   # conftest.py chose the interpreter on a CPU
 from helpers import DEVICE, make_checkpoint
 
 import longspec
+from longspec.cache import StaticCache
 from longspec.cache.base import CHUNK
 from longspec.models.attention import block_layout, block_order, grouped_attention
+from longspec.models.graphs import StaticSteps
+from longspec.models.prefill import prefill
 from longspec.models.tree_attention import SPLIT, tree_attention
-from longspec.tree import TreeShape
+from longspec.tree import DraftTree, TreeShape
 
 KV_HEADS, GROUP, HEAD_DIM = 2, 3, 16
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 6, 7]          # a tree 5 deep, branching at 0 and 1
@@ -104,3 +108,21 @@ def test_a_model_with_attention_in_the_kernel_writes_what_ar_writes(triton_model
     res = longspec.generate(triton_model, prompt, method=method, options=options, **kwargs)
     assert res.token_ids == expect.token_ids
     assert res.stats["accepted_draft_tokens"] > 0
+
+
+def test_a_step_at_static_shapes_gives_the_eager_forwards_rows(triton_model):
+    # the tree and a lone token through their buckets (graphs.py: captured on CUDA, eager here)
+    # against the eager forward over the same cache, bit for bit
+    net = triton_model.net
+    cache = StaticCache(net.config, 200, net.dtype, net.device)
+    prefill(net, torch.arange(3, 43, device=net.device), cache, 0)
+    steps = StaticSteps(net, cache)
+    for parents in (PARENTS, [-1]):
+        shape = TreeShape(parents, net.device)
+        tokens = torch.arange(5, 5 + shape.n, device=net.device)
+        eager = net(tokens, shape.depth + cache.length, cache, shape.mask(net.dtype),
+                    return_hidden=True)
+        static = steps(DraftTree(shape, tokens))
+        assert torch.equal(static.logits, eager.logits)
+        assert torch.equal(static.hidden, eager.hidden)
+    assert sorted(steps.buckets) == [1, 16]

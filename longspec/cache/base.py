@@ -21,7 +21,9 @@ CHUNK = 256
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    start: int                        # first slot of the new block
+    # first slot of the new block; a device tensor [1] in a captured step (models/graphs.py),
+    # whose keys are then every slot and whose rows see what their `layout` says
+    start: int | torch.Tensor
     q: int                            # new tokens in the block
     n_keys: int                       # attend to key slots [0, n_keys)
     block_mask: torch.Tensor | None   # additive [q, q] over the block's own slots; None: see all
@@ -54,6 +56,11 @@ class KVCache(ABC):
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v [kv_heads, q, head_dim] in the plan's block; return the keys and values
         [kv_heads, n_keys, head_dim] to attend to."""
+        if isinstance(plan.start, torch.Tensor):
+            slots = plan.start + torch.arange(plan.q, device=k.device)
+            self.k[layer].index_copy_(1, slots, k)
+            self.v[layer].index_copy_(1, slots, v)
+            return self.k[layer], self.v[layer]
         end = plan.start + plan.q
         self.k[layer][:, plan.start:end] = k
         self.v[layer][:, plan.start:end] = v

@@ -157,26 +157,32 @@ class Transformer(nn.Module):
         h = F.rms_norm(hidden, (self.config.hidden_size,), self.norm, self.config.rms_norm_eps)
         return (self.lm_head if head is None else head)(h)
 
+    def _plan(self, q: int, cache: KVCache, mask: torch.Tensor | None) -> AttentionPlan:
+        """The cache's plan for q new tokens, with what this network's attention reads of the
+        block mask: its layout for the Triton kernel, else its rows' order."""
+        plan = cache.plan(q, mask)
+        if self.attention == "triton" and plan.n_keys == plan.start + plan.q:
+            # keys the committed slots then the block (a cache that keeps a subset of the
+            # history may leave visible slots after the block: those take the products)
+            return dataclasses.replace(plan, layout=block_layout(mask, q, self.device))
+        return dataclasses.replace(plan, block_order=block_order(mask))
+
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 mask: torch.Tensor | None = None, *,
                 logits_index: torch.Tensor | slice | None = None, return_hidden: bool = False,
-                need_logits: bool = True, return_queries: bool = False, head: Head | None = None
-                ) -> ForwardOutput:
+                need_logits: bool = True, return_queries: bool = False, head: Head | None = None,
+                plan: AttentionPlan | None = None) -> ForwardOutput:
         """Run q new tokens [q] at `positions` [q] against `cache`.
 
         `mask` is the additive [q, q] mask of the block (causal, or a draft tree's ancestors);
         None lets every new token see the whole block. `logits_index` selects the positions
         whose logits are computed (default: all), by `head` when given (hidden_to_logits).
+        A `plan` given (a captured step's: models/graphs.py) is used as it is, mask unread.
         """
         cos, sin = self.rotary(positions)
-        plan = cache.plan(tokens.shape[0], mask)
-        if self.attention == "triton" and plan.n_keys == plan.start + plan.q:
-            # keys the committed slots then the block (a cache that keeps a subset of the
-            # history may leave visible slots after the block: those take the products)
-            plan = dataclasses.replace(plan, layout=block_layout(mask, plan.q, self.device))
-        else:
-            plan = dataclasses.replace(plan, block_order=block_order(mask))
+        if plan is None:
+            plan = self._plan(tokens.shape[0], cache, mask)
         x = F.embedding(tokens, self.embed)
         if self.native is not None:
             x, queries = self.native(x, cos, sin, cache, plan, return_queries)

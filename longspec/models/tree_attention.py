@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..cache.base import CHUNK
+from ..memory import upload
 
 BLOCK = 64    # keys a fold step reads: a [rows, BLOCK] score tile, never stored
 SPLIT = 4     # CHUNKs of keys one program folds before its partial is stored
@@ -34,13 +35,14 @@ SPLIT = 4     # CHUNKs of keys one program folds before its partial is stored
 
 @triton.jit
 def _split_partials(q_ptr, k_ptr, v_ptr, tail_ptr, count_ptr, m_ptr, l_ptr, acc_ptr,
-                    start, scale, splits, heads_all,
+                    start_ptr, scale, splits, heads_all,
                     sq_t, sq_h, sk_h, sk_s, sv_h, sv_s, s_tail,
                     GROUP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                     BLOCK_: tl.constexpr, SPAN: tl.constexpr, IEEE: tl.constexpr):
     row = tl.program_id(0)
     kv = tl.program_id(1)
     split = tl.program_id(2)
+    start = tl.load(start_ptr)
     n = start + tl.load(count_ptr + row)               # keys the row attends to
     first = split * SPAN
     if first < n:
@@ -86,11 +88,11 @@ def _split_partials(q_ptr, k_ptr, v_ptr, tail_ptr, count_ptr, m_ptr, l_ptr, acc_
 
 
 @triton.jit
-def _combine(m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr, start, splits, heads_all,
+def _combine(m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr, start_ptr, splits, heads_all,
              GROUP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, SPAN: tl.constexpr):
     row = tl.program_id(0)
     kv = tl.program_id(1)
-    n = start + tl.load(count_ptr + row)
+    n = tl.load(start_ptr) + tl.load(count_ptr + row)
     used = (n + SPAN - 1) // SPAN
     g = tl.arange(0, ROWS)
     d = tl.arange(0, D)
@@ -114,17 +116,23 @@ def _combine(m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr, start, splits, heads_all
              out.to(out_ptr.dtype.element_ty), mask=keep[:, None])
 
 
-def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                   layout: tuple[torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
+def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   start: int | torch.Tensor, layout: tuple[torch.Tensor, torch.Tensor],
+                   scale: float) -> torch.Tensor:
     """Attention of q [q_len, heads, d] over the cache views keys/values [kv_heads, n, d]
     (committed slots [0, start), the block after them), each row over its block layout
-    (attention.block_layout) -> [q_len, heads * d]."""
+    (attention.block_layout) -> [q_len, heads * d]. `start` may be a device tensor [1] (a
+    captured step): the launch then covers all n slots, programs past a row's keys exit."""
     q_len, heads, d = q.shape
     kv_heads = keys.shape[0]
     group = heads // kv_heads
     tail, count = layout
     span = SPLIT * CHUNK
-    splits = -(-(start + q_len) // span)
+    if isinstance(start, torch.Tensor):
+        splits = -(-keys.shape[1] // span)
+    else:
+        splits = -(-(start + q_len) // span)
+        start = upload([start], q.device)
     m = torch.empty(q_len, heads, splits, dtype=torch.float32, device=q.device)
     l_sum = torch.empty_like(m)
     acc = torch.empty(q_len, heads, splits, d, dtype=torch.float32, device=q.device)
