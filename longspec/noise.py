@@ -69,7 +69,7 @@ def gumbel_at(key: int, positions: torch.Tensor, tokens: torch.Tensor) -> torch.
     """g_t[v] (float32) for absolute positions t and token ids v broadcast against each other:
     an entry's value does not depend on which others are computed with it."""
     positions = positions.to(torch.int64)
-    if 0 < positions.numel() <= FEW_POSITIONS:
+    if 0 < positions.numel() <= FEW_POSITIONS and positions.device.type == "cpu":
         pairs = [_position_hash(key, t) for t in positions.reshape(-1).tolist()]
         p, q = (torch.tensor(list(part), dtype=torch.int64, device=positions.device)
                 .reshape(positions.shape) for part in zip(*pairs))
@@ -93,13 +93,16 @@ SPARSE_FRACTION = 1 / 8
 
 
 class PositionNoise:
-    """The noise of one generation. Whole rows are computed once and kept until committed past;
-    scores that are mostly -inf get noise only at their finite entries."""
+    """The noise of one generation. On a CPU whole rows are computed once and kept until
+    committed past, and scores that are mostly -inf get noise only at their finite entries; on
+    a GPU (`keeps_rows` False) each row's noise is computed where it is added, from the
+    positions on the device, which keeps the host out of the step (the same bits)."""
 
     def __init__(self, seed: int, prompt_ids: list[int], vocab_size: int, device: torch.device):
         self.key = noise_key(seed, prompt_ids)
         self.vocab_size = vocab_size
         self.device = device
+        self.keeps_rows = device.type == "cpu"
         self._rows: dict[int, torch.Tensor] = {}
 
     def rows(self, first: int, count: int) -> torch.Tensor:
@@ -116,6 +119,10 @@ class PositionNoise:
         """scores [m, vocab] plus the noise of each row's absolute position [m]. A -inf score
         stays -inf, so where few are finite (top-p, top-k) only those entries get noise. With
         `columns` (token ids [c]) the scores [m, c] are of those tokens."""
+        if not self.keeps_rows:
+            tokens = (torch.arange(self.vocab_size, device=scores.device) if columns is None
+                      else columns)
+            return scores + gumbel_at(self.key, positions[:, None], tokens)
         if columns is not None:
             return scores + self._dense(positions)[:, columns]
         finite = scores != float("-inf")       # counted first: a fifth of the cost of listing

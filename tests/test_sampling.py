@@ -150,6 +150,21 @@ def test_noise_added_to_a_few_finite_scores_equals_whole_rows(kept_tokens):
     assert torch.equal(noise.add(x, positions), expected)
 
 
+@pytest.mark.parametrize("kept_tokens", [5, 200])
+def test_noise_computed_where_it_is_added_equals_the_kept_rows(kept_tokens):
+    # a GPU's way (no host work in the step) against a CPU's (rows kept, sparse rows)
+    vocab = 200
+    kept, computed = (PositionNoise(5, [2, 7], vocab, CPU) for _ in range(2))
+    computed.keeps_rows = False
+    x = logits(n=4, v=vocab)
+    x = x.masked_fill(x < x.topk(kept_tokens, -1).values[:, -1:], NEG)
+    positions = torch.tensor([30, 31, 31, 33])
+    assert torch.equal(computed.add(x, positions), kept.add(x, positions))
+    columns = torch.tensor([3, 150, 7])
+    assert torch.equal(computed.add(x[:, columns], positions, columns),
+                       kept.add(x[:, columns], positions, columns))
+
+
 def test_gumbel_max_samples_follow_softmax():
     x = torch.tensor([[0.0, 1.0, 2.0]])
     noise = PositionNoise(0, [1], 3, CPU)
