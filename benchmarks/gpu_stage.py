@@ -1,25 +1,38 @@
 """Stage the device check's model on a GPU machine that can download nothing and takes at
 most 64 MiB a call, the working tree (~32 MB) included: the SmolLM2 GGUF travels in parts of
 PART_MB over consecutive calls (what an earlier call left stays while the machine is warm),
-and the `gguf` wheel (transformers and longspec read GGUF files with it) with the first.
+and the `gguf` wheel (transformers and longspec read GGUF files with it) with the first. With
+--sharegpt-mb, the first MB of ShareGPT's JSON (its reader stops at the first incomplete
+record), compressed, travels with the last part: the data of `longspec train-drafter
+--sharegpt` there.
 
 Here:
 
     python benchmarks/gpu_stage.py prepare      # .stage/: the parts, their digests, the wheel
 
-then one device call per part, each carrying only its own (`carry: [".stage/part-1"]`, ...;
-the first also carries the wheel), and in the last:
+then one device call per part, each carrying what `prepare` prints for it, and in the last:
 
-    python benchmarks/gpu_stage.py join && PYTHONPATH=.:/tmp/site python benchmarks/gpu_check.py \\
-        --model .stage/smollm2.gguf --out $OUT/gpu_check.json
+    python benchmarks/gpu_stage.py join         # then benchmarks/gpu_check.py (its docstring)
 
-`join` checks every part's sha256 and the whole file's, installs the wheel into /tmp/site, and
-says exactly what is missing when a part did not arrive.
+`join` checks every file's sha256 and the whole model's, installs the wheel into /tmp/site,
+puts ShareGPT where longspec finds it under LONGSPEC_HOME=.stage/home, and says exactly what
+is missing when a file did not arrive.
+
+A lease that trains SmolLM2's EAGLE drafter on the GPU (prepare with --sharegpt-mb 40: ~10M
+tokens of conversations; the drafter, ~8 MB, comes back through $OUT):
+
+    export LONGSPEC_HOME=.stage/home PYTHONPATH=.:/tmp/site
+    python -m longspec.cli train-drafter .stage/smollm2.gguf --kind eagle --sharegpt 4000000 \\
+        --seq-len 512 --batch-size 16 --draft-vocab 8192 --ttt-steps 3 --steps 3000 \\
+        --device cuda --out /tmp/eagle --no-progress && cp /tmp/eagle/eagle.* $OUT/
+
+(its data path was run on a CPU from a staged head, three steps.)
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import subprocess
@@ -30,6 +43,8 @@ from pathlib import Path
 STAGE = Path(".stage")
 PART_MB = 25
 MODEL = "smollm2.gguf"
+SHAREGPT = "sharegpt.json.gz"
+HOME = "home"          # LONGSPEC_HOME on the device, under the stage
 
 
 def sha256(path: Path) -> str:
@@ -55,11 +70,45 @@ def split(source: Path, stage: Path, part_bytes: int) -> list[str]:
     return [p["name"] for p in parts]
 
 
-def prepare(model: str) -> None:
-    from longspec.models.sources import fetch_model
+def stage_sharegpt(source: Path, stage: Path, mb: int) -> Path:
+    """The first `mb` MiB of ShareGPT's JSON (cut at a whole character), gzipped in `stage`,
+    its digest in the manifest."""
+    with source.open("rb") as f:
+        head = f.read(mb << 20).decode("utf-8", errors="ignore").encode("utf-8")
+    out = stage / SHAREGPT
+    out.write_bytes(gzip.compress(head, 6))
+    manifest_path = stage / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sharegpt"] = sha256(out)
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    return out
+
+
+def unstage_sharegpt(stage: Path) -> Path | None:
+    """ShareGPT's staged head, checked and unpacked where longspec reads it under
+    LONGSPEC_HOME=stage/HOME (None when none was staged)."""
+    from longspec.models.sources import DATA
+
+    digest = json.loads((stage / "manifest.json").read_text()).get("sharegpt")
+    if digest is None:
+        return None
+    packed = stage / SHAREGPT
+    if not packed.is_file() or sha256(packed) != digest:
+        sys.exit(f"{packed} is missing or differs from its digest (carry it again)")
+    out = stage / HOME / "data" / DATA["sharegpt"].file
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(gzip.decompress(packed.read_bytes()))
+    return out
+
+
+def prepare(model: str, sharegpt_mb: int) -> None:
+    from longspec.models.sources import fetch_data, fetch_model
 
     source = Path(model) if Path(model).is_file() else fetch_model(model)
     parts = split(source, STAGE, PART_MB << 20)
+    (STAGE / SHAREGPT).unlink(missing_ok=True)
+    data = [str(stage_sharegpt(fetch_data("sharegpt"), STAGE, sharegpt_mb))] if sharegpt_mb \
+        else []
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                     "-q", "-d", str(STAGE), f"gguf=={metadata.version('gguf')}"], check=True)
     wheel = next(STAGE.glob("gguf-*.whl"))
@@ -67,7 +116,8 @@ def prepare(model: str) -> None:
           "consecutive device calls:")
     for i, part in enumerate(parts):
         extra = [str(wheel), str(STAGE / "manifest.json")] if i == 0 else []
-        print("  ", json.dumps([str(STAGE / part), *extra]))
+        last = data if i == len(parts) - 1 else []
+        print("  ", json.dumps([str(STAGE / part), *extra, *last]))
 
 
 def join(stage: Path) -> Path:
@@ -99,13 +149,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("step", choices=["prepare", "join"])
     p.add_argument("--model", default="smollm2", help="a bundled name or a GGUF file (prepare)")
+    p.add_argument("--sharegpt-mb", type=int, default=0,
+                   help="prepare: also stage the first MB MiB of ShareGPT (40 MiB: ~9 MB packed)")
     args = p.parse_args()
     if args.step == "prepare":
-        prepare(args.model)
+        prepare(args.model, args.sharegpt_mb)
         return
     out = join(STAGE)
     install_wheels(STAGE)
     print(f"{out}: {out.stat().st_size} bytes, sha256 checked; wheels in /tmp/site")
+    data = unstage_sharegpt(STAGE)
+    if data is not None:
+        print(f"{data}: ShareGPT's head; export LONGSPEC_HOME={STAGE / HOME}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,25 @@ def test_a_model_cut_into_parts_joins_back_with_every_digest_checked(tmp_path, s
         stage_module.join(stage)
 
 
+def test_sharegpts_head_is_staged_whole_and_unpacked_where_longspec_reads_it(tmp_path,
+                                                                              stage_module):
+    from longspec.models.sources import DATA
+    from longspec.zoo.sharegpt import conversations
+
+    records = [{"id": f"c{i}_0", "conversations": [{"from": "human", "value": "é" * 400},
+                                                   {"from": "gpt", "value": "ok " * 200}]}
+               for i in range(3000)]
+    source = tmp_path / "sharegpt.json"
+    source.write_text(json.dumps(records, ensure_ascii=False))
+    stage = tmp_path / "stage"
+    stage_module.split(source, stage, part_bytes=1 << 20)     # the manifest it extends
+    stage_module.stage_sharegpt(source, stage, mb=1)          # cut inside a record
+    out = stage_module.unstage_sharegpt(stage)
+    assert out == stage / "home" / "data" / DATA["sharegpt"].file
+    kept = list(conversations(out))
+    assert 0 < len(kept) < len(records)
+
+
 @pytest.mark.slow
 def test_the_device_check_dry_run_writes_every_part(tmp_path):
     out = tmp_path / "check.json"
