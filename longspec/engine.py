@@ -121,6 +121,8 @@ class Engine:
         uncommitted slots; nothing else changes."""
         shape = TreeTemplate(n, min(n - 1, MEASURE_DEPTH), self.device).shape
         tree = DraftTree(shape, upload(self.tokens[-1:] * n, self.device))
+        if self.steps is not None:
+            self.steps.bucket(n)        # a capture is not a step's cost
         self._sync()
         begin = time.perf_counter()
         out = self.forward(tree)

@@ -52,16 +52,20 @@ class StaticSteps:
         """Cache slots past the committed ones a step may write (its bucket's rows)."""
         return next((b for b in BUCKETS if b >= max_nodes), max_nodes)
 
-    def __call__(self, tree) -> ForwardOutput:
-        n = tree.n
+    def bucket(self, n: int) -> _Bucket | None:
+        """The bucket of a tree of n nodes, made (and captured) on first use; None past the
+        largest (the eager forward)."""
         size = next((b for b in BUCKETS if b >= n), None)
-        if size is None:                    # larger than every bucket: the eager forward
+        if size is not None and size not in self.buckets:
+            self.buckets[size] = _Bucket(self.net, self.cache, size, self.capture)
+        return None if size is None else self.buckets[size]
+
+    def __call__(self, tree) -> ForwardOutput:
+        bucket = self.bucket(tree.n)
+        if bucket is None:
             shape = tree.shape
             return self.net(tree.tokens, shape.depth + self.cache.length, self.cache,
                             shape.mask(self.net.dtype), return_hidden=True)
-        bucket = self.buckets.get(size)
-        if bucket is None:
-            bucket = self.buckets[size] = _Bucket(self.net, self.cache, size, self.capture)
         return bucket.run(tree)
 
 
