@@ -42,8 +42,10 @@ def _split_partials(q_ptr, k_ptr, v_ptr, tail_ptr, count_ptr, m_ptr, l_ptr, acc_
     row = tl.program_id(0)
     kv = tl.program_id(1)
     split = tl.program_id(2)
-    start = tl.load(start_ptr)
-    n = start + tl.load(count_ptr + row)               # keys the row attends to
+    # int32 throughout (the layouts and the length come as int32 or int64), so the loop's
+    # bounds and the slots share one type
+    start = tl.load(start_ptr).to(tl.int32)
+    n = start + tl.load(count_ptr + row).to(tl.int32)      # keys the row attends to
     first = split * SPAN
     if first < n:
         g = tl.arange(0, ROWS)
@@ -59,7 +61,8 @@ def _split_partials(q_ptr, k_ptr, v_ptr, tail_ptr, count_ptr, m_ptr, l_ptr, acc_
             pos = base + tl.arange(0, BLOCK_)                                 # logical positions
             valid = pos < n
             in_tail = valid & (pos >= start)
-            node = tl.load(tail_ptr + row * s_tail + (pos - start), mask=in_tail, other=0)
+            node = tl.load(tail_ptr + row * s_tail + (pos - start), mask=in_tail,
+                           other=0).to(tl.int32)
             slot = tl.where(in_tail, start + node, pos)
             keys = tl.load(k_ptr + kv * sk_h + slot[:, None] * sk_s + d[None, :],
                            mask=valid[:, None], other=0.0)                    # [BLOCK, D]
@@ -92,7 +95,7 @@ def _combine(m_ptr, l_ptr, acc_ptr, count_ptr, out_ptr, start_ptr, splits, heads
              GROUP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, SPAN: tl.constexpr):
     row = tl.program_id(0)
     kv = tl.program_id(1)
-    n = tl.load(start_ptr) + tl.load(count_ptr + row)
+    n = tl.load(start_ptr).to(tl.int32) + tl.load(count_ptr + row).to(tl.int32)
     used = (n + SPAN - 1) // SPAN
     g = tl.arange(0, ROWS)
     d = tl.arange(0, D)
