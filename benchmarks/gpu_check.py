@@ -42,7 +42,9 @@ import importlib.util
 import json
 import os
 import statistics
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -88,13 +90,14 @@ TREE_DEPTH = 8
 
 class Report:
     """The check's JSON, written whole after every entry, and the time left: `skipped` lists
-    what the budget left out, `not_run` the methods that need what the model lacks."""
+    what the budget left out, `not_run` the methods that need what the model lacks, `errors`
+    the parts that failed (the others still run)."""
 
     def __init__(self, path: Path, budget_s: float, meta: dict):
         self.path = path
         self.deadline = time.monotonic() + budget_s
         self.data = {"meta": meta, "exactness": [], "speed": [], "step_costs": [],
-                     "projected": [], "skipped": [], "not_run": {}}
+                     "projected": [], "skipped": [], "not_run": {}, "errors": []}
         self.write()
 
     def time_left(self, what: str) -> bool:
@@ -103,6 +106,12 @@ class Report:
         self.data["skipped"].append(what)
         self.write()
         return False
+
+    def failed(self, part: str, error: Exception) -> None:
+        self.data["errors"].append({"part": part, "error": repr(error),
+                                    "traceback": traceback.format_exc()[-3000:]})
+        print(f"part {part} failed: {error!r}", file=sys.stderr, flush=True)
+        self.write()
 
     def add(self, part: str, entry: dict) -> None:
         self.data[part].append(entry)
@@ -278,9 +287,9 @@ def step_ms(net, cache, rows: int, repeats: int, steps: StaticSteps | None
 
 
 def step_costs(report: Report, device: torch.device, shapes: dict, contexts: list[int],
-               row_counts: tuple[int, ...], paths: list[str], repeats: int) -> dict:
+               row_counts: tuple[int, ...], paths: list[str], repeats: int, costs: dict) -> None:
+    """Each (shape, context, path, rows)'s milliseconds, into `costs` as they come."""
     bandwidth = measure_bandwidth(device)
-    costs = {}
     for name, fields in shapes.items():
         if not report.time_left(f"step costs {name}"):
             break
@@ -300,7 +309,7 @@ def step_costs(report: Report, device: torch.device, shapes: dict, contexts: lis
                 steps = StaticSteps(net, cache) if path.endswith("+graphs") else None
                 for rows in row_counts:
                     if not report.time_left(f"step costs {name} {context} {path} {rows}"):
-                        return costs
+                        return
                     ms, first_s = step_ms(net, cache, rows, repeats, steps)
                     costs[(name, context, path, rows)] = ms
                     report.add("step_costs", {
@@ -311,12 +320,13 @@ def step_costs(report: Report, device: torch.device, shapes: dict, contexts: lis
         del net
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return costs
 
 
 def projected(report: Report, costs: dict, acceptance: dict[int, float]) -> None:
     """Tokens/s that the step costs at the longest context give with the acceptance measured
     on a CPU (tokens a step for a tree of each row count), against one row a step."""
+    if not costs:
+        return
     longest = max(context for _, context, _, _ in costs)
     for (name, context, path, rows), ms in costs.items():
         if context == longest and rows in acceptance and (name, context, path, 1) in costs:
@@ -330,7 +340,7 @@ def projected(report: Report, costs: dict, acceptance: dict[int, float]) -> None
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2", help="the real model of (a) and (b)")
+    p.add_argument("--model", help="the real model of (a) and (b) (smollm2; the dry run's: demo)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budget-s", type=float, default=420, help="start no run after this")
     p.add_argument("--parts", default="a,b,c,d")
@@ -345,10 +355,11 @@ def main() -> None:
                    help="on this machine's CPU at tiny shapes and lengths (the demo model)")
     args = p.parse_args()
     parts = set(args.parts.split(","))
+    args.model = args.model or ("demo" if args.dry_run else "smollm2")
     cuda = torch.cuda.is_available() and not args.dry_run
     device = torch.device("cuda" if cuda else "cpu")
     if args.dry_run:
-        args.model, args.exact_tokens, args.chat_tokens, args.long_tokens = "demo", 24, 24, 48
+        args.exact_tokens, args.chat_tokens, args.long_tokens = 24, 24, 48
         args.contexts, args.repeats = "300,1100", 1
     paths = ["products"]
     if importlib.util.find_spec("triton") is not None:
@@ -359,19 +370,28 @@ def main() -> None:
             "torch": torch.__version__, "dry_run": args.dry_run, "args": vars(args) | {
                 "out": str(args.out)}}
     report = Report(args.out, args.budget_s, meta)
-    if "a" in parts:
-        exactness(report, args.model, device.type, args.exact_tokens)
-    if "b" in parts:
-        speed(report, args.model, device.type, args.chat_tokens, args.long_tokens)
     costs = {}
-    if "c" in parts:
-        costs = step_costs(report, device, DRY_SHAPES if args.dry_run else SHAPES,
-                           [int(x) for x in args.contexts.split(",")],
-                           DRY_ROWS if args.dry_run else ROWS, paths, args.repeats)
-    if "d" in parts and costs:
-        acceptance = {int(k): float(v) for k, v in
-                      (item.split("=") for item in args.acceptance.split(","))}
-        projected(report, costs, acceptance)
+    acceptance = {int(k): float(v) for k, v in
+                  (item.split("=") for item in args.acceptance.split(","))}
+    runs = {"a": lambda: exactness(report, args.model, device.type, args.exact_tokens),
+            "b": lambda: speed(report, args.model, device.type, args.chat_tokens,
+                               args.long_tokens),
+            "c": lambda: step_costs(report, device, DRY_SHAPES if args.dry_run else SHAPES,
+                                    [int(x) for x in args.contexts.split(",")],
+                                    DRY_ROWS if args.dry_run else ROWS, paths, args.repeats,
+                                    costs),
+            "d": lambda: projected(report, costs, acceptance)}
+    for part, run in runs.items():
+        if part not in parts:
+            continue
+        try:
+            run()
+        # any failure (a kernel's compilation, memory, a peer's loading) is the part's result:
+        # a lease is short, and the parts after it still run
+        except Exception as e:  # noqa: BLE001
+            report.failed(part, e)
+    if report.data["errors"]:
+        sys.exit(f"{len(report.data['errors'])} part(s) failed: see {args.out}")
 
 
 if __name__ == "__main__":

@@ -53,13 +53,24 @@ def test_sharegpts_head_is_staged_whole_and_unpacked_where_longspec_reads_it(tmp
     assert 0 < len(kept) < len(records)
 
 
+def test_a_part_that_fails_is_reported_and_the_others_still_run(tmp_path):
+    out = tmp_path / "check.json"
+    # a model that is not there: part a fails, part b runs after it (and fails too)
+    run = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--dry-run",
+                          "--out", str(out), "--parts", "a,b", "--model", str(tmp_path / "none")],
+                         check=False, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "2 part(s) failed" in run.stderr
+    report = json.loads(out.read_text())
+    assert [e["part"] for e in report["errors"]] == ["a", "b"]
+
+
 @pytest.mark.slow
 def test_the_device_check_dry_run_writes_every_part(tmp_path):
     out = tmp_path / "check.json"
     subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--dry-run",
                     "--out", str(out), "--acceptance", "16=2.5"], check=True, timeout=900)
     report = json.loads(out.read_text())
-    assert report["skipped"] == []
+    assert report["skipped"] == [] and report["errors"] == []
     exact = report["exactness"]
     assert {e["dtype"] for e in exact} == {"bfloat16", "float32"}
     assert all(e["identical"] for e in exact), [e for e in exact if not e["identical"]]
