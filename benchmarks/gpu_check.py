@@ -162,6 +162,9 @@ def exactness(report: Report, path: str, device: str, tokens: int) -> None:
                 except ValueError as e:     # it needs a draft model, or a drafter not bundled
                     report.data["not_run"][method] = str(e)
                     continue
+                except Exception as e:  # noqa: BLE001 - one method's failure, the matrix goes on
+                    report.failed(f"a: {dtype} {setting} {method}", e)
+                    continue
                 first = next((i for i, (a, b) in enumerate(zip(got, expect)) if a != b), None)
                 report.add("exactness", {
                     "dtype": dtype, "setting": setting, "method": method,
