@@ -31,6 +31,11 @@ from .transformer import ForwardOutput
 BUCKETS = (1, 16, 64)
 
 
+def bucket_rows(n: int) -> int | None:
+    """The rows of the bucket a tree of n nodes runs in; None past the largest."""
+    return next((b for b in BUCKETS if b >= n), None)
+
+
 def graphs_wanted(net) -> bool:
     """Whether the target's tree steps run as static buckets (captured on CUDA): attention in
     the Triton kernel, unless LONGSPEC_GRAPHS=0 turns them off."""
@@ -50,12 +55,12 @@ class StaticSteps:
     @staticmethod
     def rows_needed(max_nodes: int) -> int:
         """Cache slots past the committed ones a step may write (its bucket's rows)."""
-        return next((b for b in BUCKETS if b >= max_nodes), max_nodes)
+        return bucket_rows(max_nodes) or max_nodes
 
     def bucket(self, n: int) -> _Bucket | None:
         """The bucket of a tree of n nodes, made (and captured) on first use; None past the
         largest (the eager forward)."""
-        size = next((b for b in BUCKETS if b >= n), None)
+        size = bucket_rows(n)
         if size is not None and size not in self.buckets:
             self.buckets[size] = _Bucket(self.net, self.cache, size, self.capture)
         return None if size is None else self.buckets[size]
@@ -69,6 +74,13 @@ class StaticSteps:
         return bucket.run(tree)
 
 
+def _fields(packed: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
+    """The views of a bucket's packed step inputs: positions [rows], tail [rows, rows],
+    count [rows], the committed length [1]."""
+    return (packed[:rows], packed[rows:rows * (rows + 1)].view(rows, rows),
+            packed[rows * (rows + 1):rows * (rows + 2)], packed[-1:])
+
+
 class _Bucket:
     """Static buffers of one bucket of rows, and its graph once captured."""
 
@@ -76,14 +88,10 @@ class _Bucket:
         self.net, self.cache, self.rows = net, cache, rows
         device = net.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
-        # positions [rows], tail [rows, rows], count [rows], start [1]: one upload a step
+        # the step's inputs from the host, one upload a step (_fields)
         self.packed = torch.zeros(rows * (rows + 2) + 1, dtype=torch.long, device=device)
-        self.positions = self.packed[:rows]
-        self.tail = self.packed[rows:rows * (rows + 1)].view(rows, rows)
-        self.count = self.packed[rows * (rows + 1):rows * (rows + 2)]
-        self.start = self.packed[-1:]
-        self.plan = AttentionPlan(self.start, rows, cache.k[0].shape[1], None,
-                                  layout=(self.tail, self.count))
+        self.positions, tail, count, start = _fields(self.packed, rows)
+        self.plan = AttentionPlan(start, rows, cache.k[0].shape[1], None, layout=(tail, count))
         self.graph = None
         self.out: ForwardOutput | None = None
         if capture:
@@ -112,10 +120,8 @@ class _Bucket:
         shape (None: no tree, every row padding) on the device."""
         rows, start = self.rows, self.cache.length
         n = 0 if shape is None else shape.n
-        host = torch.zeros(rows * (rows + 2) + 1, dtype=torch.long)
-        positions = host[:rows]
-        tail = host[rows:rows * (rows + 1)].view(rows, rows)
-        count = host[rows * (rows + 1):rows * (rows + 2)]
+        host = torch.zeros_like(self.packed, device="cpu")
+        positions, tail, count, length = _fields(host, rows)
         positions.fill_(start)
         count.fill_(1)
         tail[:, 0] = torch.arange(rows)                 # a padding row sees itself
@@ -124,7 +130,7 @@ class _Bucket:
             positions[:n] += depth
             count[:n] = depth + 1
             tail[:n, :shape.max_depth + 1] = shape.host_paths.clamp(min=0)
-        host[-1] = start
+        length.fill_(start)
         return upload(host, self.net.device)
 
     def run(self, tree) -> ForwardOutput:
