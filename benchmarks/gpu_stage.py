@@ -48,11 +48,8 @@ HOME = "home"          # LONGSPEC_HOME on the device, under the stage
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def split(source: Path, stage: Path, part_bytes: int) -> list[str]:
