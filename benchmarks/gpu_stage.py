@@ -41,7 +41,7 @@ from importlib import metadata
 from pathlib import Path
 
 STAGE = Path(".stage")
-PART_MB = 25
+PART_MB = 31
 MODEL = "smollm2.gguf"
 SHAREGPT = "sharegpt.json.gz"
 HOME = "home"          # LONGSPEC_HOME on the device, under the stage
