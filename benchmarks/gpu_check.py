@@ -222,7 +222,7 @@ def main() -> None:
     p.add_argument("--model", help="the real model of (a) and (b) (smollm2; the dry run's: demo)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budget-s", type=float, default=420, help="start no run after this")
-    p.add_argument("--parts", default="a,b,c,d")
+    p.add_argument("--parts", default="a,b,c,d", help="which parts, in this order")
     p.add_argument("--exact-tokens", type=int, default=256)
     p.add_argument("--chat-tokens", type=int, default=1024)
     p.add_argument("--long-tokens", type=int, default=6144)
@@ -233,7 +233,8 @@ def main() -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="on this machine's CPU at tiny shapes and lengths (the demo model)")
     args = p.parse_args()
-    parts = set(args.parts.split(","))
+    if not set(args.parts.split(",")) <= set("abcd"):
+        p.error(f"--parts {args.parts}: a comma-separated list of a, b, c and d")
     args.model = args.model or ("demo" if args.dry_run else "smollm2")
     cuda = torch.cuda.is_available() and not args.dry_run
     device = torch.device("cuda" if cuda else "cpu")
@@ -260,9 +261,8 @@ def main() -> None:
                                     DRY_ROWS if args.dry_run else ROWS, paths, args.repeats,
                                     costs),
             "d": lambda: projected(report, costs, acceptance)}
-    for part, run in runs.items():
-        if part not in parts:
-            continue
+    for part in args.parts.split(","):
+        run = runs[part]
         try:
             run()
         # any failure (a kernel's compilation, memory, a peer's loading) is the part's result:
