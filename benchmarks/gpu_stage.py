@@ -1,7 +1,8 @@
 """Stage the device check's model on a GPU machine that can download nothing and takes at
-most 64 MiB a call, the working tree (~32 MB) included: the SmolLM2 GGUF travels in parts of
-PART_MB over consecutive calls (what an earlier call left stays while the machine is warm),
-and the `gguf` wheel (transformers and longspec read GGUF files with it) with the first. With
+most 64 MiB a call, the working tree (~32 MB) included: the SmolLM2 GGUF travels in equal parts
+of at most PART_MB (three) over consecutive calls (what an earlier call left stays while the
+machine is warm), and the `gguf` wheel (transformers and longspec read GGUF files with it) with
+the first. With
 --sharegpt-mb, the first MB of ShareGPT's JSON (its reader stops at the first incomplete
 record), compressed, travels with the last part: the data of `longspec train-drafter
 --sharegpt` there.
@@ -41,7 +42,7 @@ from importlib import metadata
 from pathlib import Path
 
 STAGE = Path(".stage")
-PART_MB = 31
+PART_MB = 32      # at most: the parts are cut equal, as few as this allows
 MODEL = "smollm2.gguf"
 SHAREGPT = "sharegpt.json.gz"
 HOME = "home"          # LONGSPEC_HOME on the device, under the stage
@@ -102,7 +103,8 @@ def prepare(model: str, sharegpt_mb: int) -> None:
     from longspec.models.sources import fetch_data, fetch_model
 
     source = Path(model) if Path(model).is_file() else fetch_model(model)
-    parts = split(source, STAGE, PART_MB << 20)
+    count = -(-source.stat().st_size // (PART_MB << 20))
+    parts = split(source, STAGE, -(-source.stat().st_size // count))
     (STAGE / SHAREGPT).unlink(missing_ok=True)
     data = [str(stage_sharegpt(fetch_data("sharegpt"), STAGE, sharegpt_mb))] if sharegpt_mb \
         else []
