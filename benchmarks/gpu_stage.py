@@ -2,10 +2,9 @@
 most 64 MiB a call, the working tree (~32 MB) included: the SmolLM2 GGUF travels in equal parts
 of at most PART_MB (three) over consecutive calls (what an earlier call left stays while the
 machine is warm), and the `gguf` wheel (transformers and longspec read GGUF files with it) with
-the first. With
---sharegpt-mb, the first MB of ShareGPT's JSON (its reader stops at the first incomplete
-record), compressed, travels with the last part: the data of `longspec train-drafter
---sharegpt` there.
+the first. With --sharegpt-mb, the first MB of ShareGPT's JSON (its reader stops at the first
+incomplete record), compressed, travels with the last part: the data of `longspec
+train-drafter --sharegpt` there.
 
 Here:
 
