@@ -3,9 +3,10 @@ run so that a lease cut short still returns what ran. A GPU lease is short (minu
 model first (gpu_stage.py), then run this once; --budget-s stops starting runs when the time is
 spent (the runs not started are listed as skipped).
 
-  (a) exactness: every method that needs nothing beside the model against `ar`, greedy and
-      sampled (TokenSwift's setting), bfloat16 and float32, with the attention path the GPU
-      takes (tree_attention.py's kernel where Triton is);
+  (a) exactness: every method against `ar`, greedy and sampled (TokenSwift's setting),
+      bfloat16 and float32, with the attention path the GPU takes (tree_attention.py's kernel
+      where Triton is); `draft` and `triforce` with --draft-model, `eagle` with --heads (by
+      default the demo's small model, and SmolLM2's EAGLE drafter in training/drafters);
   (b) speed on the real model: `ar`, `auto` and transformers' `generate` with a static cache,
       compiled (the strong peer on a GPU), on chat answers (end-of-sequence respected) and in
       TokenSwift's setting (EOS ignored): tokens/s, where the answer ended, distinct-4, and
@@ -67,6 +68,12 @@ from longspec.models.graphs import graphs_wanted
 from longspec.request import encode_prompt
 
 SETTINGS = {name: LONG_SETTINGS[name] for name in ("greedy", "tokenswift")}
+# what the methods of (a) that need more than the model are given (--draft-model, --heads)
+NEEDS = {"draft": ("draft_model",), "triforce": ("draft_model",), "eagle": ("heads",)}
+# the default drafts where the check's model has them: the demo's small model, and the EAGLE
+# drafter trained for SmolLM2 (training/drafters, not bundled)
+DRAFT_MODELS = {"demo": "demo-draft"}
+EAGLE_DRAFTERS = {"smollm2": "training/drafters/smollm2-eagle"}
 HF_WARM_UP_S = 90     # transformers' warm-up run: its compilation, then a few tokens
 
 
@@ -123,9 +130,13 @@ def chat_prompt(model, text: str) -> list[int]:
     return encode_prompt(model, text)
 
 
-def exactness(report: Report, path: str, device: str, tokens: int) -> None:
+def exactness(report: Report, path: str, device: str, tokens: int, draft: str | None,
+              heads: str | None) -> None:
     for dtype in ("bfloat16", "float32"):
         model = longspec.load_model(path, device=device, dtype=dtype)
+        helpers = {"heads": heads}
+        if draft is not None:
+            helpers["draft_model"] = longspec.load_model(draft, device=device, dtype=dtype)
         prompt = chat_prompt(model, PROMPTS[0])
         for setting, sampling in SETTINGS.items():
             common = {"max_new_tokens": tokens, "sampling": sampling, "seed": 3,
@@ -134,8 +145,11 @@ def exactness(report: Report, path: str, device: str, tokens: int) -> None:
             for method in METHODS:
                 if method == "ar" or not report.time_left(f"exactness {dtype} {setting} {method}"):
                     continue
+                extra = {k: v for k, v in helpers.items()
+                         if v is not None and k in NEEDS.get(method, ())}
                 try:
-                    got, stats, seconds = timed_generate(model, prompt, method=method, **common)
+                    got, stats, seconds = timed_generate(model, prompt, method=method, **common,
+                                                         **extra)
                 except ValueError as e:     # it needs a draft model, or a drafter not bundled
                     report.data["not_run"][method] = str(e)
                     continue
@@ -181,18 +195,19 @@ def hf_generate(model):
     return generate
 
 
-def speed(report: Report, path: str, device: str, chat_tokens: int, long_tokens: int) -> None:
+def speed(report: Report, path: str, device: str, chat_tokens: int, long_tokens: int,
+          decoders: list[str]) -> None:
     model = longspec.load_model(path, device=device, dtype="bfloat16")
     eos = model.eos_token_ids
     runs = [(f"chat {i}", PROMPTS[i], "greedy", chat_tokens, False) for i in range(2)]
     runs.append(("tokenswift", PROMPTS[1], "tokenswift", long_tokens, True))
-    peer = hf_generate(model)
+    peer = hf_generate(model) if "hf" in decoders else None
     for name, text, setting, n, ignore_eos in runs:
         prompt = chat_prompt(model, text)
         sampling = SETTINGS[setting]
         timed_generate(model, prompt, method="ar", max_new_tokens=16, sampling=sampling)  # warm
         expect = None
-        for decoder in ("ar", "auto", "hf"):
+        for decoder in decoders:
             if not report.time_left(f"speed {name} {decoder}"):
                 return
             model.state.clear()
@@ -213,7 +228,7 @@ def speed(report: Report, path: str, device: str, chat_tokens: int, long_tokens:
                 "run": name, "setting": setting, "decoder": decoder, "tokens": len(got),
                 "tokens_per_s": round(len(got) / seconds, 1),
                 "answer_end": answer_end(got, eos), "distinct_4": round(distinct_n(got, 4), 3),
-                "identical_to_ar": got == expect,
+                "identical_to_ar": None if expect is None else got == expect,
                 "tokens_a_step": stats.get("mean_accepted_length")})
 
 
@@ -224,6 +239,13 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=420, help="start no run after this")
     p.add_argument("--parts", default="a,b,c,d", help="which parts, in this order")
     p.add_argument("--exact-tokens", type=int, default=256)
+    p.add_argument("--draft-model", help="the draft model of (a)'s draft and triforce "
+                   "(default: demo-draft for the demo model, else none: those not run)")
+    p.add_argument("--heads", help="the EAGLE drafter of (a)'s eagle (default for SmolLM2, "
+                   "its GGUF named smollm2.gguf too: training/drafters/smollm2-eagle)")
+    p.add_argument("--decoders", default="ar,auto,hf", help="the decoders (b) times, of "
+                   "ar, auto and hf (transformers' compiled generate: its compilation takes "
+                   "a minute or more)")
     p.add_argument("--chat-tokens", type=int, default=1024)
     p.add_argument("--long-tokens", type=int, default=6144)
     p.add_argument("--contexts", default="8192,32768,100000")
@@ -235,6 +257,9 @@ def main() -> None:
     args = p.parse_args()
     if not set(args.parts.split(",")) <= set("abcd"):
         p.error(f"--parts {args.parts}: a comma-separated list of a, b, c and d")
+    decoders = args.decoders.split(",")
+    if not set(decoders) <= {"ar", "auto", "hf"}:
+        p.error(f"--decoders {args.decoders}: a comma-separated list of ar, auto and hf")
     args.model = args.model or ("demo" if args.dry_run else "smollm2")
     cuda = torch.cuda.is_available() and not args.dry_run
     device = torch.device("cuda" if cuda else "cpu")
@@ -253,9 +278,13 @@ def main() -> None:
     costs = {}
     acceptance = {int(k): float(v) for k, v in
                   (item.split("=") for item in args.acceptance.split(","))}
-    runs = {"a": lambda: exactness(report, args.model, device.type, args.exact_tokens),
+    name = Path(args.model).stem
+    draft = args.draft_model or DRAFT_MODELS.get(name)
+    heads = args.heads or EAGLE_DRAFTERS.get(name)
+    runs = {"a": lambda: exactness(report, args.model, device.type, args.exact_tokens, draft,
+                                   heads),
             "b": lambda: speed(report, args.model, device.type, args.chat_tokens,
-                               args.long_tokens),
+                               args.long_tokens, decoders),
             "c": lambda: step_costs(report, device, DRY_SHAPES if args.dry_run else SHAPES,
                                     [int(x) for x in args.contexts.split(",")],
                                     DRY_ROWS if args.dry_run else ROWS, paths, args.repeats,
