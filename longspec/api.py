@@ -5,6 +5,7 @@ Every argument is checked before any work, and a bad one raises ValueError namin
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from .request import (
     as_int,
     check_length,
     checked_settings,
+    encode_prediction,
     encode_prompt,
     resumed_ids,
 )
@@ -38,6 +40,14 @@ class GenerationResult:
 class Chunk:
     token_ids: list[int]   # tokens committed by one step
     text: str              # the text they add ('' while it is held back)
+
+
+def prediction_usage(prediction: list[int], output: list[int]) -> dict:
+    """OpenAI's accounting of a predicted output: the prediction's tokens that appear in the
+    output (in order, as a diff of the two matches them) and the prediction's others."""
+    matcher = difflib.SequenceMatcher(None, prediction, output, autojunk=False)
+    accepted = sum(block.size for block in matcher.get_matching_blocks())
+    return {"accepted_tokens": accepted, "rejected_tokens": len(prediction) - accepted}
 
 
 def _stop_rules(model: Model, stop, ignore_eos: bool) -> StopRules:
@@ -80,9 +90,10 @@ def _prepare(model: Model, request: Request) -> tuple[Engine, list[int], list[in
         raise TypeError("model must come from longspec.load_model")
     spec = get_method(r.method)
     check_arguments(spec, draft_model=r.draft_model is not None, heads=r.heads is not None,
-                    verify=r.verify)
+                    verify=r.verify, prediction=bool(r.prediction))
     n, seed, sampling = checked_settings(r)
     prompt_ids = encode_prompt(model, r.prompt)
+    prediction = encode_prediction(model, r.prediction)
     check_length(model, len(prompt_ids), n)
     resumed = resumed_ids(model, r, n)
     rules = _stop_rules(model, r.stop, r.ignore_eos)
@@ -100,7 +111,8 @@ def _prepare(model: Model, request: Request) -> tuple[Engine, list[int], list[in
                       rejection=r.verify == "rejection")
     context = len(prompt_ids) + n
     drafter = spec.build(DraftSetup(model, budget, options, sampler, r.draft_model, r.heads,
-                                    capacity=context + budget.max_nodes + 1, context=context))
+                                    capacity=context + budget.max_nodes + 1, context=context,
+                                    prediction=tuple(prediction)))
     engine = Engine(model, drafter, sampler, budget, n - len(resumed), rules, r.method)
     engine.done = stop_at is not None or len(resumed) == n    # nothing left to generate
     engine.check_memory(len(prompt_ids) + len(resumed))
@@ -122,6 +134,7 @@ class Stream:
         self.resumed = list(resumed)
         self.progress = progress
         self.result: GenerationResult | None = None
+        self.prediction = encode_prediction(model, request.prediction)
         tok, r, stop = model.tokenizer, request, engine.stop
         self._text = (TextStream(tok, prompt_ids[-4:], stop.stop_strings, r.keep_special,
                                  r.include_stop) if tok is not None else None)
@@ -172,6 +185,8 @@ class Stream:
         stats = self.engine.result_stats()
         if r.resume_from is not None:
             stats["resumed_tokens"] = len(self.resumed)
+        if self.prediction:
+            stats["prediction"] = prediction_usage(self.prediction, token_ids)
         return GenerationResult(token_ids, text, stats, reason, len(self.prompt_ids))
 
 
@@ -189,7 +204,9 @@ def generate(model: Model, prompt, *, progress: bool = False, **settings) -> Gen
     Keyword settings, as `Request` names them: max_new_tokens, method, sampling, seed,
     draft_model, heads, stop, ignore_eos, verify, options, keep_special, include_stop,
     resume_from (the token ids an interrupted run with the same settings committed: the result
-    is then that of the uninterrupted run, its token_ids the whole generation). Every
+    is then that of the uninterrupted run, its token_ids the whole generation), prediction
+    (the output expected, as OpenAI's predicted outputs: text or token ids that `auto` and
+    `suffix` draft from; stats["prediction"] counts its accepted and rejected tokens). Every
     method returns exactly the tokens `ar` returns for the same seed and settings
     (verify="match"); verify="rejection" keeps the distribution instead. `options` tunes the
     method (max_nodes, max_depth and method-specific sizes; see README).

@@ -37,6 +37,8 @@ class Request:
     include_stop: bool = False                # keep the stop string that ended the run
     resume_from: Any = None                   # token ids an earlier run with these settings
                                               # committed: continue after them
+    prediction: Any = None                    # the output expected (text or token ids), a
+                                              # draft source of the methods that copy text
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -109,6 +111,23 @@ def encode_prompt(model: Model, prompt) -> list[int]:
     if not ids:
         raise ValueError("the prompt is empty")
     return check_vocab(model, ids, "prompt")
+
+
+def encode_prediction(model: Model, prediction) -> list[int]:
+    """Token ids of a predicted output: text (through the tokenizer, no special tokens added),
+    or token ids; None or "" -> []."""
+    if prediction is None:
+        return []
+    if isinstance(prediction, str):
+        if model.tokenizer is None:
+            raise ValueError(f"{model.name} has no tokenizer: pass the prediction as token ids")
+        ids = list(model.tokenizer(prediction, add_special_tokens=False)["input_ids"])
+    elif isinstance(prediction, (list, tuple)):
+        ids = [as_int(t, "prediction token ids") for t in prediction]
+    else:
+        raise TypeError("the prediction must be text or a list of token ids, got "
+                        f"{type(prediction).__name__}")
+    return check_vocab(model, ids, "prediction")
 
 
 def check_vocab(model: Model, ids: list[int], what: str) -> list[int]:

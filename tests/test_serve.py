@@ -101,6 +101,35 @@ def test_chat_completion_equals_generate_on_the_messages(client, model):
     assert res.usage.prompt_tokens == ref.prompt_tokens and res.model_extra["seed"] == 11
 
 
+def test_predicted_output_is_drafted_and_counted_in_the_usage(client, model):
+    """OpenAI's `prediction`: the same tokens as without it, the usage's prediction counts
+    as the OpenAI client reads them, in both endpoints; a prediction of images is refused."""
+    settings = {"sampling": longspec.SamplingConfig(temperature=0), "seed": 0}
+    ref = longspec.generate(model, MESSAGES, max_new_tokens=40, ignore_eos=True, **settings)
+    expected = ref.text[:len(ref.text) // 2] + "\n# changed\n" + ref.text[len(ref.text) // 2:]
+    usage = longspec.generate(model, MESSAGES, max_new_tokens=40, ignore_eos=True,
+                              prediction=expected, **settings).stats["prediction"]
+    res = client.chat.completions.create(
+        model="demo-chat", messages=MESSAGES, max_tokens=40, temperature=0, seed=0,
+        prediction={"type": "content", "content": [{"type": "text", "text": expected}]},
+        extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert res.choices[0].model_extra["token_ids"] == ref.token_ids
+    details = res.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens == usage["accepted_tokens"] > 0
+    assert details.rejected_prediction_tokens == usage["rejected_tokens"]
+    # the OpenAI client's completions take no `prediction`: it goes in the body as it is
+    plain = client.completions.create(model="demo-chat", prompt="import os\n", max_tokens=8,
+                                      temperature=0, extra_body={"prediction": {
+                                          "type": "content", "content": "import sys\n"}})
+    details = plain.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
+    with pytest.raises(openai.BadRequestError, match="content of type 'image_url' is not "
+                       "supported"):
+        client.chat.completions.create(
+            model="demo-chat", messages=MESSAGES, max_tokens=4,
+            prediction={"type": "content", "content": [{"type": "image_url", "text": None}]})
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_streaming_equals_non_streaming(client, chat):
     if chat:

@@ -78,7 +78,8 @@ def method_from_args(args) -> tuple[MethodSpec, dict]:
     """The method and its options, checked against the other flags before any model loads."""
     spec = get_method(args.method)
     check_arguments(spec, draft_model=args.draft_model is not None, heads=args.heads is not None,
-                    verify=args.verify)
+                    verify=args.verify,
+                    prediction=getattr(args, "prediction_file", None) is not None)
     options = dict(parse_assignment(pair, "--option KEY=VALUE") for pair in args.option)
     spec.resolve(options)
     return spec, options

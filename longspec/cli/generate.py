@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
     g.add_argument("--keep-special", action="store_true", help="keep special tokens in the text")
     g.add_argument("--include-stop", action="store_true",
                    help="keep the stop string that ended the run in the text")
+    g.add_argument("--prediction-file", metavar="FILE",
+                   help="the output expected, mostly (a file to be returned with an edit: "
+                   "OpenAI's predicted outputs): `auto` and `suffix` draft from it, and the "
+                   "JSON's stats count its accepted and rejected tokens")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
     g.add_argument("--output", help="append the text to FILE as it is generated, keeping the "
                    "committed tokens in FILE.longspec.json for --resume")
@@ -54,6 +58,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..api import stream
     from ..request import Request
+    from ..text import read_text_file
     from .output import RunOutput
 
     sampling = sampling_from_args(args)
@@ -70,7 +75,9 @@ def run(args) -> int:
                 "sampling": sampling, "seed": args.seed, "draft_model": draft,
                 "heads": args.heads, "stop": args.stop, "ignore_eos": args.ignore_eos,
                 "verify": args.verify, "options": options, "keep_special": args.keep_special,
-                "include_stop": args.include_stop}
+                "include_stop": args.include_stop,
+                "prediction": (None if args.prediction_file is None
+                               else read_text_file(args.prediction_file, "--prediction-file"))}
     out = None
     if args.output:
         out = RunOutput.open(args.output, model, Request(prompt, **settings), args.resume,

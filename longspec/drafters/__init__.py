@@ -39,8 +39,12 @@ def _those(has) -> str:
     return ", ".join(name for name, spec in METHODS.items() if has(spec))
 
 
-def check_arguments(spec: MethodSpec, *, draft_model: bool, heads: bool, verify: str) -> None:
+def check_arguments(spec: MethodSpec, *, draft_model: bool, heads: bool, verify: str,
+                    prediction: bool = False) -> None:
     """Refuse extras the method does not use (before anything is loaded)."""
+    if prediction and not spec.takes_prediction:
+        raise ValueError(f"method {spec.name!r} drafts nothing from a prediction; methods that "
+                         f"do: {_those(lambda s: s.takes_prediction)}")
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
     if draft_model and not spec.takes_draft_model:

@@ -1,7 +1,8 @@
 """`auto`: every draft source the model has, merged into one scored trie.
 
-Model-free sources always: SuffixDecoding's matches in this text and earlier outputs, and
-Token Recycling's adjacency matrix of the target's own candidates. In the steps where the
+Model-free sources always: SuffixDecoding's matches in this text, in a predicted output
+(prediction=) and in earlier outputs, and Token Recycling's adjacency matrix of the target's
+own candidates. In the steps where the
 suffix matches are unsure of the next token (MODELS_BELOW), the sources that run a model: a
 trained EAGLE drafter's dynamic tree, when the model has one (bundled for it, trained for it
 on this machine, or given as heads=; option drafter="none" leaves a found one out), and a
@@ -31,8 +32,8 @@ from .registry import MethodSpec, Option
 from .suffix import SuffixDrafter
 
 # by the source ids nodes carry
-SOURCES = ("suffix", "suffix_earlier", "recycling", "eagle", "draft_model")
-RECYCLING, EAGLE, DRAFT_MODEL = 2, 3, 4
+SOURCES = ("suffix", "suffix_earlier", "prediction", "recycling", "eagle", "draft_model")
+RECYCLING, EAGLE, DRAFT_MODEL = 3, 4, 5
 SPEC_NAME = "auto"
 RECYCLING_BUDGET = Budget(32, 6)    # the recycling template within the merged trie
 EAGLE_BUDGET = Budget(32, 6)        # the EAGLE drafter's tree within it (its method's default)
@@ -88,14 +89,15 @@ class AutoDrafter(Drafter):
     needs_prefill_logits = True
 
     def __init__(self, model, sampler, drafter, context: int, draft_model=None,
-                 capacity: int = 0, gate: str = GATES[0], found: str = DRAFTERS[0]):
+                 capacity: int = 0, gate: str = GATES[0], found: str = DRAFTERS[0],
+                 prediction: tuple[int, ...] = ()):
         """`drafter`: an EAGLE drafter's directory (or loaded one), or None for the one found
         for the model (`found`, one of DRAFTERS), when there is; `draft_model`: a draft model,
         or None, and `capacity` the slots its KV cache needs; `gate`: one of GATES."""
         self.device = model.device
         self.model = model
         self.trust = calibration(model, SPEC_NAME, sampler.config)
-        self.suffix = SuffixDrafter(model, model.device)
+        self.suffix = SuffixDrafter(model, model.device, prediction)
         self.recycling = RecyclingDrafter(model, sampler)
         if drafter is None and found == "found":
             drafter = store.find_bundled(model, "eagle")
@@ -192,7 +194,9 @@ SPEC = MethodSpec(
     "EAGLE drafter, a draft model when given) in one scored trie, verified as far as it pays "
     "(the default)",
     budget=Budget(48, 24), needs_heads=True, draft_model="optional", stats=("sources",),
+    takes_prediction=True,
     options={"gate": Option(GATES[0], choices=GATES),
              "drafter": Option(DRAFTERS[0], choices=DRAFTERS)},
     build=lambda s: AutoDrafter(s.model, s.sampler, s.heads, s.context, s.draft_model,
-                                s.capacity, s.options["gate"], s.options["drafter"]))
+                                s.capacity, s.options["gate"], s.options["drafter"],
+                                s.prediction))

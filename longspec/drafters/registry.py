@@ -42,6 +42,7 @@ class DraftSetup:
     heads: Any | None          # a path, loaded heads, or None for the bundled ones
     capacity: int              # slots of the target's KV cache
     context: int               # the longest sequence of this generation
+    prediction: tuple[int, ...] = ()   # the output expected (prediction=), as token ids
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class MethodSpec:
     # takes the one bundled for the model, when there is (`auto` drafts without one if not)
     needs_heads: bool = False
     samples_drafts: bool = False          # drafts carry their distribution: verify="rejection"
+    takes_prediction: bool = False        # drafts from a predicted output (prediction=)
     stats: tuple[str, ...] = ()           # method-specific keys of the result's stats
 
     @property

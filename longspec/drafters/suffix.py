@@ -3,7 +3,10 @@ earlier match of the text's end, as a tree weighted by how often each continuati
 
 Two indexes are searched: one over this generation's prompt and output, updated per committed
 token in O(1), and a bounded one over earlier outputs on the same model (so a second run on
-similar text starts warm). The occurrences of the longest match (up to MAX_OCCURRENCES of the
+similar text starts warm); a third, with a predicted output (prediction=, OpenAI's predicted
+outputs: a file to be returned with an edit), over the prediction: where the output leaves it
+(the edit), the match is lost, and found again at the prediction's text once the output
+rejoins it. The occurrences of the longest match (up to MAX_OCCURRENCES of the
 latest) give continuations; they are merged into a counted trie, expanded best-first by the
 continuation frequencies, capped at ALPHA x match length nodes and MAX_DEPTH levels, dropping
 paths less likely than MIN_PROB (vLLM's defaults: depth 24, alpha 1.0, 0.1).
@@ -35,7 +38,7 @@ MIN_PROB = 0.1
 UNSEEN = 2.0              # pseudo-count of other continuations, times 1 / match length
 OUTPUTS_CAP = 1 << 18     # tokens of earlier outputs kept process-wide (per model)
 SEPARATOR = -1            # between earlier outputs: no n-gram spans two of them
-LOCAL, EARLIER = 0, 1     # sources of a node, calibrated apart
+LOCAL, EARLIER, PREDICTED = 0, 1, 2   # sources of a node, calibrated apart
 
 
 class SuffixIndex:
@@ -130,10 +133,13 @@ def add_counted_tree(trie: TrieBuilder, continuations: list[list[int]], max_node
 
 
 class SuffixDrafter(TrieDrafter):
-    def __init__(self, model, device):
+    def __init__(self, model, device, prediction: tuple[int, ...] = ()):
         self.device = device
         self.local = SuffixIndex()
         self.earlier: SuffixIndex = model.state.setdefault("suffix_outputs", SuffixIndex())
+        self.indexes = [(LOCAL, self.local), (EARLIER, self.earlier)]
+        if prediction:
+            self.indexes.insert(1, (PREDICTED, SuffixIndex(list(prediction))))
         self.prompt_len = 0
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
@@ -144,7 +150,7 @@ class SuffixDrafter(TrieDrafter):
         """Add this drafter's tree for the text `committed` to `trie` (used by `auto` too)."""
         self.local.extend(committed[len(self.local.tokens):])
         depth = min(budget.max_depth, MAX_DEPTH)
-        for source, index in ((LOCAL, self.local), (EARLIER, self.earlier)):
+        for source, index in self.indexes:
             length, starts = index.matches(committed)
             if length:
                 cap = min(budget.max_nodes - 1, math.ceil(ALPHA * length))
@@ -167,5 +173,5 @@ def remember_output(index: SuffixIndex, output: list[int]) -> None:
 SPEC = MethodSpec(
     name="suffix", summary="what followed the longest earlier match, weighted by frequency, "
     "from this text and earlier outputs (SuffixDecoding)",
-    budget=Budget(32, MAX_DEPTH),
-    build=lambda setup: SuffixDrafter(setup.model, setup.model.device))
+    budget=Budget(32, MAX_DEPTH), takes_prediction=True,
+    build=lambda setup: SuffixDrafter(setup.model, setup.model.device, setup.prediction))

@@ -30,7 +30,7 @@ from ..sampling import SamplingConfig
 from .config import ServeConfig
 from .metrics import PROMETHEUS_TYPE, ApiKeyMiddleware, Metrics, MetricsMiddleware
 from .responses import APIError, Shape, error_body, failure_body, sse, timeout_body
-from .schemas import MAX_SEED, ChatBody, CompletionBody, GenerationBody
+from .schemas import MAX_SEED, ChatBody, CompletionBody, GenerationBody, parts_text
 from .worker import Finished, Job, QueueFull, Worker
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
@@ -80,6 +80,10 @@ class Server:
             top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0,
             penalty=body.repetition_penalty or 1.0,
             penalty_window=body.penalty_window or SamplingConfig.penalty_window)
+        try:
+            prediction = None if body.prediction is None else parts_text(body.prediction.content)
+        except ValueError as e:
+            raise APIError(400, str(e), param="prediction") from None
         method = body.method or cfg.method
         spec = METHODS.get(method)
         return prompt, {
@@ -87,7 +91,8 @@ class Server:
             "seed": secrets.randbelow(MAX_SEED + 1) if body.seed is None else body.seed,
             "stop": body.stop, "ignore_eos": body.ignore_eos, "options": body.options,
             "draft_model": cfg.draft_model if spec and spec.needs_draft_model else None,
-            "heads": cfg.heads if spec and spec.needs_heads else None}
+            "heads": cfg.heads if spec and spec.needs_heads else None,
+            "prediction": prediction}
 
     def open(self, prompt, settings: dict) -> Stream:
         """longspec's checks and the engine, built; nothing runs (called off the event loop)."""

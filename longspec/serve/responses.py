@@ -57,9 +57,16 @@ def speculative(stats: dict) -> dict:
 
 
 def usage(result: GenerationResult) -> dict:
+    """OpenAI's usage, with the tokens of a prediction accepted and rejected (predicted
+    outputs; 0 without one)."""
     n = len(result.token_ids)
+    prediction = result.stats.get("prediction", {})
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n,
-            "total_tokens": result.prompt_tokens + n}
+            "total_tokens": result.prompt_tokens + n,
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "accepted_prediction_tokens": prediction.get("accepted_tokens", 0),
+                "rejected_prediction_tokens": prediction.get("rejected_tokens", 0)}}
 
 
 class Shape:

@@ -5,10 +5,13 @@ longspec does not implement are refused unless they hold their neutral value (UN
 
 Besides OpenAI's fields, a request may carry longspec's (vLLM's names where vLLM has them):
 min_p, top_k (0 or -1: off), repetition_penalty (longspec's contextual penalty, over the last
-penalty_window tokens), method, options, ignore_eos, return_token_ids.
+penalty_window tokens), method, options, ignore_eos, return_token_ids. OpenAI's `prediction`
+(predicted outputs) is a draft source of `auto` and `suffix`.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +29,31 @@ UNSUPPORTED = {
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     include_usage: bool = False
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: str | None = None
+
+
+def parts_text(content: str | list[ContentPart]) -> str:
+    """A message's or a prediction's text; parts other than text are refused (ValueError)."""
+    if isinstance(content, str):
+        return content
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise ValueError(f"content of type {part.type!r} is not supported: longspec serves "
+                             "text models")
+    return "".join(part.text for part in content)
+
+
+class Prediction(BaseModel):
+    """OpenAI's predicted output: the text the completion is expected to be, mostly."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["content"]
+    content: str | list[ContentPart]
 
 
 class GenerationBody(BaseModel):
@@ -51,6 +79,7 @@ class GenerationBody(BaseModel):
     options: dict[str, int | str] | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
+    prediction: Prediction | None = None
 
     def unsupported(self) -> tuple[str, object] | None:
         """The first field set to a value longspec cannot honour, with that value."""
@@ -65,12 +94,6 @@ class CompletionBody(GenerationBody):
     prompt: str | list[int] | list[str]
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-    type: str
-    text: str | None = None
-
-
 class Message(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     role: str
@@ -82,13 +105,7 @@ class Message(BaseModel):
             if self.role != "assistant":     # only an assistant's turn may be empty
                 raise ValueError(f"a message of role {self.role!r} needs content")
             return ""
-        if isinstance(self.content, str):
-            return self.content
-        for part in self.content:
-            if part.type != "text" or part.text is None:
-                raise ValueError(f"message content of type {part.type!r} is not supported: "
-                                 "longspec serves text models")
-        return "".join(part.text for part in self.content)
+        return parts_text(self.content)
 
 
 class ChatBody(GenerationBody):
