@@ -118,16 +118,13 @@ class PositionNoise:
             columns: torch.Tensor | None = None) -> torch.Tensor:
         """scores [m, vocab] plus the noise of each row's absolute position [m]. A -inf score
         stays -inf, so where few are finite (top-p, top-k) only those entries get noise. With
-        `columns` (token ids [c], or [m, c]: each row's own) the scores [m, c] are of those
-        tokens."""
+        `columns` (token ids [c]) the scores [m, c] are of those tokens."""
         if not self.keeps_rows:
             tokens = (torch.arange(self.vocab_size, device=scores.device) if columns is None
                       else columns)
             return scores + gumbel_at(self.key, positions[:, None], tokens)
         if columns is not None:
-            dense = self._dense(positions)
-            return scores + (dense.gather(1, columns) if columns.dim() == 2
-                             else dense[:, columns])
+            return scores + self._dense(positions)[:, columns]
         finite = scores != float("-inf")       # counted first: a fifth of the cost of listing
         if int(finite.sum()) >= SPARSE_FRACTION * scores.numel():
             return scores + self._dense(positions)

@@ -74,15 +74,14 @@ class Sampler:
         `same_depth`: tree nodes of one level): processed logits (penalty over the committed
         window) plus, when sampling, each position's own Gumbel noise, so that a drafter
         guessing from an approximate distribution aims at the token the target will actually
-        pick. With `columns` (token ids [c], or [m, c]: each row's own) the logits [m, c] are
-        of those tokens only, and so are the scores."""
+        pick. With `columns` (token ids [c]) the logits [m, c] are of those tokens only, and
+        so are the scores."""
         m = logits.shape[0]
         present = None
         if self.penalty is not None:
             present = self.penalty.presence_after([]).expand(m, -1)
             if columns is not None:
-                present = (present.gather(1, columns) if columns.dim() == 2
-                           else present[:, columns])
+                present = present[:, columns]
         scores = process_logits(logits, self.config, present)
         if noise and self.noise is not None:
             depths = (torch.zeros(m, dtype=torch.long, device=self.device) if same_depth

@@ -247,6 +247,14 @@ class TreeTemplate:
                                 torch.tensor([parents[i] for i in nodes], device=device),
                                 torch.tensor([ranks[i] for i in nodes], device=device)))
 
+    def fill_by_token(self, root: int, successors: torch.Tensor) -> torch.Tensor:
+        """Tokens [n]: a node's children are its token's ranked successors [vocab, width]."""
+        tokens = torch.empty(self.shape.n, dtype=torch.long, device=successors.device)
+        tokens[0] = root
+        for nodes, parents, ranks in self.levels:
+            tokens[nodes] = successors[tokens[parents], ranks]
+        return tokens
+
     def fill_by_depth(self, root: int, candidates: torch.Tensor) -> torch.Tensor:
         """Tokens [n]: every node at depth d is a candidate [depth, width] of that depth (for
         drafters, like multi-token heads, whose guesses do not depend on the path)."""

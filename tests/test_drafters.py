@@ -10,10 +10,7 @@ import torch
 from longspec.drafters.base import Budget
 from longspec.drafters.ngram import NgramDrafter, NgramTable
 from longspec.drafters.pld import NgramIndex
-from longspec.drafters.recycling import RecyclingDrafter
 from longspec.drafters.suffix import SuffixDrafter
-from longspec.sampler import Sampler
-from longspec.sampling import SamplingConfig, process_logits
 from longspec.tree import TreeTemplate, TrieBuilder, template
 
 pytestmark = pytest.mark.unit
@@ -82,55 +79,17 @@ def test_ngram_drafter_without_a_penalty_counts_everything_written():
     assert 0 < tree.scores[1] < 1 and tree.scores[3] < tree.scores[1]
 
 
-def recycling(vocab: int, config: SamplingConfig, prompt: list[int]) -> RecyclingDrafter:
-    """A recycling drafter over random successors and logits, its sampler past `prompt`."""
-    sampler = Sampler(config, 5, prompt, vocab, CPU)
-    sampler.commit(prompt)
-    drafter = RecyclingDrafter(SimpleNamespace(device=CPU, state={},
-                                               config=SimpleNamespace(vocab_size=vocab)), sampler)
-    gen = torch.Generator().manual_seed(0)
-    drafter.update(torch.arange(vocab), torch.randn(vocab, vocab, generator=gen) * 3)
-    return drafter
-
-
-def test_recycling_fill_greedy_is_the_matrix_order():
+def test_recycling_template_fill_equals_slow_reference():
     parents, ranks = template(80, 6)
     assert len(parents) == 80 and max(ranks) == 7
     tpl = TreeTemplate(80, 6, CPU)
     assert tpl.shape.max_depth == 6
-    drafter = recycling(300, SamplingConfig(temperature=0), [1, 2, 3])
-    tokens = drafter.fill(tpl, 17).tolist()
+    matrix = torch.randint(0, 1000, (1000, 8), generator=torch.Generator().manual_seed(0))
+    tokens = tpl.fill_by_token(17, matrix).tolist()
     slow = [17]
     for i in range(1, 80):
-        slow.append(int(drafter.matrix[slow[parents[i]], ranks[i]]))
+        slow.append(int(matrix[slow[parents[i]], ranks[i]]))
     assert tokens == slow
-
-
-@pytest.mark.parametrize("config", [SamplingConfig(temperature=1.0),
-                                    SamplingConfig(temperature=0.7, top_p=0.9),
-                                    SamplingConfig(temperature=1.0, min_p=0.1, penalty=1.2)])
-def test_recycling_fill_aims_at_the_targets_pick(config):
-    """Where the recorded logits are the target's (here: the logits of every token), the
-    first-ranked child at each depth is the token the target's sampler picks there."""
-    vocab = 300
-    prompt = [4, 9, 4, 11]
-    drafter = recycling(vocab, config, prompt)
-    logits = torch.full((vocab, vocab), -1e4)
-    logits.scatter_(1, drafter.matrix, drafter.logits)    # a target whose top 8 are recorded
-    sampler = drafter.sampler
-    tpl = TreeTemplate(16, 4, CPU)
-    tokens = drafter.fill(tpl, 11).tolist()
-    path, node = [], 0
-    for depth in range(1, tpl.shape.max_depth + 1):
-        first = next(i for i, (p, r) in enumerate(zip(tpl.parents, tpl.ranks))
-                     if p == node and r == 0)
-        processed = process_logits(logits[[tokens[node]]], config,
-                                   None if sampler.penalty is None
-                                   else sampler.penalty.presence_after(path))
-        pick = sampler._choose(processed, torch.tensor([sampler.length - 1 + depth]))
-        assert tokens[first] == int(pick[0]), depth
-        path.append(tokens[first])
-        node = first
 
 
 def test_recycling_template_gives_higher_ranks_more_children():

@@ -98,7 +98,7 @@ class AutoDrafter(Drafter):
         self.model = model
         self.trust = calibration(model, SPEC_NAME, sampler.config)
         self.suffix = SuffixDrafter(model, model.device, prediction)
-        self.recycling = RecyclingDrafter(model, sampler)
+        self.recycling = RecyclingDrafter(model)
         if drafter is None and found == "found":
             drafter = store.find_bundled(model, "eagle")
         self.eagle = (None if drafter is None else
@@ -151,7 +151,7 @@ class AutoDrafter(Drafter):
             if self.draft_model is not None:
                 self.draft_model.add_drafts(trie, committed, DRAFT_MODEL_BUDGET, DRAFT_MODEL)
         tpl = self.recycling.template(RECYCLING_BUDGET)
-        tokens = self.recycling.fill(tpl, committed[-1]).tolist()
+        tokens = tpl.fill_by_token(committed[-1], self.recycling.matrix).tolist()
         weights = [tpl.scores[i] / tpl.scores[p] for i, p in enumerate(tpl.parents) if p >= 0]
         trie.add_tree([p - 1 for p in tpl.parents[1:]], tokens[1:], probs=weights,
                       source=RECYCLING)

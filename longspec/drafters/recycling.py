@@ -1,15 +1,11 @@
 """Token Recycling (Luo et al. 2024): reuse the candidates the target already produced.
 
 An adjacency matrix M [vocab, 8] holds, for each token, the top-8 tokens the target predicted
-after it, and V [vocab, 8] their logits, refreshed from every tree node's raw logits after each
-verify (rejected nodes included; raw, because with top-p or min-p most processed logits are
--inf). The draft is a static tree template: each node's children are its token's successors in
-M, ranked as the target's choice at their position would rank them: V processed as the sampler
-processes logits (penalty, temperature, filters among the 8) plus, when sampling, the Gumbel
-noise of that position, which decides the target's pick (sampler.guess_scores). Greedy without
-a penalty that is M's own order. Filling the template is a few small operations per level,
-with no host work. M and V live in the model's `state`, so they persist across calls (hot
-start); the prompt's logits seed them at prefill.
+after it, refreshed from every tree node's raw logits after each verify (rejected nodes
+included; raw, because with top-p or min-p most processed logits are -inf).
+The draft is a static tree template: each node's children are its token's top-ranked successors
+in M, so filling the template is one gather per level, with no host work. M lives in the
+model's `state`, so it persists across calls (hot start); the prompt's logits seed it at prefill.
 """
 
 from __future__ import annotations
@@ -26,37 +22,18 @@ WIDTH = 8
 class RecyclingDrafter(Drafter):
     needs_prefill_logits = True
 
-    def __init__(self, model, sampler):
+    def __init__(self, model):
         self.device = model.device
-        self.sampler = sampler
-        if "recycling_matrix" not in model.state:
+        key = "recycling_matrix"
+        if key not in model.state:
             vocab = model.config.vocab_size
-            model.state["recycling_matrix"] = (
-                torch.arange(WIDTH, device=self.device).repeat(vocab, 1) % vocab)
-            model.state["recycling_logits"] = torch.zeros(vocab, WIDTH, device=self.device)
-        self.matrix = model.state["recycling_matrix"]
-        self.logits = model.state["recycling_logits"]
+            model.state[key] = torch.arange(WIDTH, device=self.device).repeat(vocab, 1) % vocab
+        self.matrix = model.state[key]
         self._templates: dict[Budget, TreeTemplate] = {}
 
     def update(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
-        """M[token], V[token] = the top-8 tokens of the logits that followed it, and theirs."""
-        top = torch.topk(logits, WIDTH, dim=-1)
-        self.matrix[tokens] = top.indices
-        self.logits[tokens] = top.values.float()
-
-    def fill(self, tpl: TreeTemplate, root: int) -> torch.Tensor:
-        """The template's tokens [n] under `root`: a node of rank r is the r-th of its parent
-        token's successors as the target's choice at its position would rank them."""
-        tokens = torch.empty(tpl.shape.n, dtype=torch.long, device=self.device)
-        tokens[0] = root
-        for depth, (nodes, parents, ranks) in enumerate(tpl.levels, 1):
-            before = tokens[parents]
-            successors = self.matrix[before]                                    # [m, WIDTH]
-            scores = self.sampler.guess_scores(self.logits[before], depth, same_depth=True,
-                                               columns=successors)
-            order = scores.argsort(dim=-1, descending=True, stable=True)
-            tokens[nodes] = successors.gather(1, order.gather(1, ranks[:, None]))[:, 0]
-        return tokens
+        """M[token] = the top-8 tokens of the logits that followed it."""
+        self.matrix[tokens] = torch.topk(logits, WIDTH, dim=-1).indices
 
     def observe_prefill(self, tokens, out) -> None:
         self.update(tokens, out.logits)
@@ -70,7 +47,7 @@ class RecyclingDrafter(Drafter):
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         tpl = self.template(budget)
-        return DraftTree(tpl.shape, self.fill(tpl, committed[-1]),
+        return DraftTree(tpl.shape, tpl.fill_by_token(committed[-1], self.matrix),
                          scores=tpl.scores, sources=[0] * tpl.shape.n)
 
     def observe(self, tree, target_out, verdict) -> None:
@@ -80,4 +57,4 @@ class RecyclingDrafter(Drafter):
 SPEC = MethodSpec(
     name="recycling", summary="an adjacency matrix of the target's own top-8 candidates, in a "
     "static tree (Token Recycling)",
-    budget=Budget(32, 6), build=lambda setup: RecyclingDrafter(setup.model, setup.sampler))
+    budget=Budget(32, 6), build=lambda setup: RecyclingDrafter(setup.model))
