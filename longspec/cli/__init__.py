@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from . import bench, demo, fetch, generate, info, serve, train
+from . import batch, bench, demo, fetch, generate, info, serve, train
 from .flags import Parser
 
 
@@ -16,6 +16,7 @@ def build_parser() -> Parser:
                     description="Lossless speculative decoding for long generation.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     generate.add_parser(sub)
+    batch.add_parser(sub)
     demo.add_parser(sub)
     bench.add_parser(sub)
     serve.add_parser(sub)

@@ -1,0 +1,183 @@
+"""Batch jobs: one generation per line of a JSONL file, the results as JSONL in the same order,
+resumable after a kill (SIGKILL included) without a token lost or a line written twice.
+
+An input line is a JSON object: "prompt" (text or token ids) or "messages" (chat), an optional
+"id" (by default the line's number, from 1), and optional settings of its own (LINE_SETTINGS)
+over the job's. Every line is read and checked before the first generation.
+
+An output line, written whole (one write, then fsync) when its generation ends: {"id", "text",
+"token_ids", "finish_reason", "usage"} (usage: prompt_tokens, completion_tokens, and with a
+prediction its accepted and rejected tokens). Nothing in it depends on the run's timing, so an
+interrupted job run again writes the same file as an uninterrupted one; the speed of each line
+goes to stderr. On a restart the lines already in the
+output are kept and skipped (a line torn by a kill mid-write is cut off first); the generation
+that was under way continues from OUT.longspec.json, the sidecar `generate --output` keeps,
+whose token ids are the truth: it ends with exactly the tokens of an uninterrupted run. A
+sidecar written with other settings is refused, naming the one that differs.
+
+Generations run one at a time (batched verification of several is not built yet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .api import stream
+from .models.loader import Model
+from .request import Request, encode_prompt
+from .sampling import SamplingConfig
+from .sidecar import (
+    Checkpoints,
+    RunRecord,
+    read_record,
+    run_settings,
+    setting_difference,
+    sidecar_path,
+)
+
+# a line's own settings: generate's, with the sampling settings named as in SamplingConfig
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "eta", "penalty", "penalty_window")
+LINE_SETTINGS = ("max_new_tokens", "method", "seed", "stop", "ignore_eos", "options",
+                 "prediction", *SAMPLING_KEYS)
+
+
+@dataclass(frozen=True)
+class Line:
+    id: str
+    request: Request
+
+
+def read_lines(path: str | Path, job: Request) -> list[Line]:
+    """The input's lines as requests: `job`'s settings, each line's own over them."""
+    lines, seen = [], set()
+    with open(path, encoding="utf-8") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                entry = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where} is not JSON ({e.msg})") from None
+            if not isinstance(entry, dict):
+                raise ValueError(f"{where} must be a JSON object")
+            line = _line(entry, number, job, where)
+            if line.id in seen:
+                raise ValueError(f"{where}: id {line.id!r} is used by an earlier line")
+            seen.add(line.id)
+            lines.append(line)
+    if not lines:
+        raise ValueError(f"{path} holds no prompt")
+    return lines
+
+
+def _line(entry: dict, number: int, job: Request, where: str) -> Line:
+    unknown = sorted(set(entry) - {"id", "prompt", "messages", *LINE_SETTINGS})
+    if unknown:
+        raise ValueError(f"{where}: unknown field {unknown[0]!r}; a line takes id, prompt or "
+                         f"messages, and {', '.join(LINE_SETTINGS)}")
+    if ("prompt" in entry) == ("messages" in entry):
+        raise ValueError(f"{where}: give either \"prompt\" or \"messages\"")
+    prompt = entry.get("prompt", entry.get("messages"))
+    sampling = job.sampling or SamplingConfig()
+    own = {k: entry[k] for k in SAMPLING_KEYS if k in entry}
+    try:
+        if own:
+            sampling = replace(sampling, **own)
+        settings = {k: entry[k] for k in LINE_SETTINGS if k in entry and k not in SAMPLING_KEYS}
+        request = replace(job, prompt=prompt, sampling=sampling, **settings)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+    return Line(str(entry.get("id", number)), request)
+
+
+def finished_ids(out: Path) -> list[str]:
+    """The ids of the output's whole lines; a torn last line (a kill mid-write) is cut off."""
+    if not out.exists():
+        return []
+    data = out.read_bytes()
+    whole = data[:data.rfind(b"\n") + 1]
+    if len(whole) < len(data):
+        with open(out, "r+b") as f:
+            f.truncate(len(whole))
+    ids = []
+    for raw in whole.decode("utf-8").splitlines():
+        try:
+            ids.append(str(json.loads(raw)["id"]))
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{out} holds a line that is not a result of longspec batch: "
+                             "write to another file, or delete it to start over") from None
+    return ids
+
+
+def run_batch(model: Model, lines: list[Line], out: str | Path, progress: bool = True,
+              checkpoint_every: float = 0.5) -> Iterator[dict]:
+    """Generate each line not yet in `out`, appending its result there; yields the results
+    written by this call, in order."""
+    out = Path(out)
+    done = finished_ids(out)
+    expected = [line.id for line in lines[:len(done)]]
+    if done != expected:
+        raise ValueError(f"{out} holds results of other lines (ids {done[:3]}...) than "
+                         f"{len(done)} first lines of this input: write to another file")
+    side = sidecar_path(out)
+    for k, line in enumerate(lines[len(done):], len(done) + 1):
+        if progress:
+            print(f"longspec batch: line {k} of {len(lines)} (id {line.id})", file=sys.stderr)
+        result, stats = _run_line(model, line, out, side, progress, checkpoint_every)
+        if progress:
+            print(f"longspec batch: line {k} done: {stats['new_tokens']} tokens at "
+                  f"{stats['tokens_per_s']:.1f} tokens/s, "
+                  f"{stats['mean_accepted_length']:.2f} a step", file=sys.stderr)
+        yield result
+    side.unlink(missing_ok=True)
+
+
+def _run_line(model: Model, line: Line, out: Path, side: Path, progress: bool,
+              every_s: float) -> tuple[dict, dict]:
+    """The line's result, once written to `out`, and its generation's stats."""
+    r = line.request
+    settings = {**run_settings(model, r), "batch_id": line.id}
+    prompt_ids = encode_prompt(model, r.prompt)
+    record = read_record(side)
+    resumed = None
+    if record is not None and record.settings.get("batch_id") == line.id:
+        diff = setting_difference(record.settings, settings)
+        if diff is None and record.prompt_ids != prompt_ids:
+            diff = "another prompt (its token ids differ)"
+        if diff is not None:
+            raise ValueError(f"cannot resume line {line.id!r}: {side} was written with {diff}; "
+                             "rerun with the job's settings, or delete the sidecar to start "
+                             "over")
+        resumed = list(record.token_ids)
+    checkpoints = Checkpoints(side, RunRecord(settings, prompt_ids, resumed or [], 0), every_s)
+    s = stream(model, r.prompt, progress=progress, resume_from=resumed,
+               **{k: getattr(r, k) for k in Request.fields() if k not in ("prompt",
+                                                                           "resume_from")})
+    token_ids = list(resumed or [])
+    checkpoints.update(token_ids, force=True)
+    try:
+        for chunk in s:
+            token_ids.extend(chunk.token_ids)
+            checkpoints.update(token_ids)
+    except KeyboardInterrupt:
+        checkpoints.update(token_ids, force=True)     # what was made is kept for a restart
+        raise
+    res = s.result          # the whole generation, the resumed tokens included
+    usage = {"prompt_tokens": res.prompt_tokens, "completion_tokens": len(res.token_ids)}
+    if "prediction" in res.stats:
+        usage["accepted_prediction_tokens"] = res.stats["prediction"]["accepted_tokens"]
+        usage["rejected_prediction_tokens"] = res.stats["prediction"]["rejected_tokens"]
+    result = {"id": line.id, "text": res.text, "token_ids": res.token_ids,
+              "finish_reason": res.finish_reason, "usage": usage}
+    with open(out, "a", encoding="utf-8") as f:
+        f.write(json.dumps(result) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    checkpoints.finish(res.token_ids, res.finish_reason)
+    return result, res.stats

@@ -1,0 +1,62 @@
+"""`longspec batch`: one generation per line of a JSONL file, the results as JSONL (batch.py)."""
+
+from __future__ import annotations
+
+from ..models.sources import BUNDLED
+from .flags import (
+    check_writable,
+    load_from_args,
+    load_optional,
+    method_flags,
+    method_from_args,
+    model_flags,
+    sampling_flags,
+    sampling_from_args,
+)
+
+
+def add_parser(sub) -> None:
+    g = sub.add_parser("batch", help="generate for every line of a JSONL file, resumably",
+                       description="Each line of PROMPTS is a JSON object: \"prompt\" (text or "
+                       "token ids) or \"messages\", an optional \"id\", and settings of its own "
+                       "(max_new_tokens, method, seed, stop, ignore_eos, options, prediction, "
+                       "temperature, top_p, top_k, min_p, eta, penalty, penalty_window) over "
+                       "the flags'. Results go to --out, a JSON line each, in order. Run the "
+                       "same command again after an interruption (a kill included): finished "
+                       "lines are kept, the one under way continues token-identically.")
+    g.add_argument("model", help="checkpoint directory, .gguf file, Hub id or bundled name "
+                   f"({', '.join(BUNDLED)})")
+    g.add_argument("prompts", help="the JSONL file of prompts")
+    g.add_argument("--out", required=True, help="the JSONL file of results (appended to; its "
+                   "sidecar OUT.longspec.json holds the line under way)")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    method_flags(g)
+    sampling_flags(g)
+    model_flags(g)
+    g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+    g.add_argument("--checkpoint-every", type=float, default=0.5, metavar="SECONDS",
+                   help="at most how often the sidecar is rewritten (default 0.5)")
+    g.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    g.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from dataclasses import replace
+
+    from ..batch import Line, read_lines, run_batch
+    from ..request import Request
+
+    _, options = method_from_args(args)
+    check_writable(args.out, "--out")
+    job = Request(None, max_new_tokens=args.max_new_tokens, method=args.method,
+                  sampling=sampling_from_args(args), seed=args.seed, heads=args.heads,
+                  ignore_eos=args.ignore_eos, verify=args.verify, options=options)
+    lines = read_lines(args.prompts, job)        # every line checked before a model loads
+    model = load_from_args(args.model, args)
+    draft = load_optional(args.draft_model, args)
+    if draft is not None:
+        lines = [Line(line.id, replace(line.request, draft_model=draft)) for line in lines]
+    for _ in run_batch(model, lines, args.out, progress=not args.no_progress,
+                       checkpoint_every=args.checkpoint_every):
+        pass
+    return 0

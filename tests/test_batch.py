@@ -1,0 +1,128 @@
+"""`longspec batch`: a line per prompt, each result what `generate` gives for it; killed
+anywhere (SIGKILL included) and run again, the same file as an uninterrupted run, nothing
+written twice; bad input refused, naming the line, before a model loads."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import longspec
+from longspec.batch import read_lines, run_batch
+from longspec.cli import main
+from longspec.request import Request
+from longspec.sidecar import sidecar_path
+
+LINES = [{"prompt": "def parse(text):\n"},
+         {"id": "imports", "prompt": "import os\n", "temperature": 0, "max_new_tokens": 24},
+         {"prompt": [12, 40, 7], "seed": 4, "min_p": 0.1, "penalty": 1.2,
+          "prediction": "import sys\n"},
+         {"prompt": "class Parser:\n", "method": "pld", "top_p": 0.9}]
+ARGS = ["demo", "--max-new-tokens", "48", "--ignore-eos", "--seed", "3", "--dtype", "float32",
+        "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return longspec.load_model("demo", dtype="float32")
+
+
+def write_prompts(path, lines=LINES):
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def batch(prompts, out, *extra):
+    return main(["batch", ARGS[0], str(prompts), "--out", str(out), *ARGS[1:], *extra])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run's file."""
+    d = tmp_path_factory.mktemp("batch")
+    assert batch(write_prompts(d / "prompts.jsonl"), d / "out.jsonl") == 0
+    return (d / "out.jsonl").read_text()
+
+
+def test_each_line_is_what_generate_writes_for_it(reference, model):
+    results = [json.loads(raw) for raw in reference.splitlines()]
+    assert [r["id"] for r in results] == ["1", "imports", "3", "4"]
+    settings = [{}, {"sampling": longspec.SamplingConfig(temperature=0), "max_new_tokens": 24},
+                {"seed": 4, "sampling": longspec.SamplingConfig(min_p=0.1, penalty=1.2),
+                 "prediction": "import sys\n"},
+                {"method": "pld", "sampling": longspec.SamplingConfig(top_p=0.9)}]
+    for line, result, own in zip(LINES, results, settings):
+        kwargs = {"max_new_tokens": 48, "seed": 3, "ignore_eos": True, **own}
+        ref = longspec.generate(model, line["prompt"], **kwargs)
+        assert result["token_ids"] == ref.token_ids and result["text"] == ref.text
+        assert result["finish_reason"] == ref.finish_reason == "length"
+    assert results[1]["usage"] == {"prompt_tokens": ref_prompt_tokens(model, LINES[1]),
+                                   "completion_tokens": 24}
+    assert results[2]["usage"]["accepted_prediction_tokens"] >= 0
+
+
+def ref_prompt_tokens(model, line):
+    return len(longspec.request.encode_prompt(model, line["prompt"]))
+
+
+def test_a_finished_job_run_again_writes_nothing(tmp_path, reference):
+    out = tmp_path / "out.jsonl"
+    out.write_text(reference)
+    assert batch(write_prompts(tmp_path / "prompts.jsonl"), out) == 0
+    assert out.read_text() == reference and not sidecar_path(out).exists()
+
+
+def test_killed_then_run_again_equals_the_uninterrupted_run(tmp_path, reference):
+    prompts, out = write_prompts(tmp_path / "prompts.jsonl"), tmp_path / "out.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "longspec.cli", "batch", ARGS[0], str(prompts),
+                             "--out", str(out), *ARGS[1:], "--checkpoint-every", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    side, end = sidecar_path(out), time.monotonic() + 120
+    while time.monotonic() < end:      # kill inside the third line's generation
+        try:
+            record = json.loads(side.read_text()) if side.exists() else None
+        except json.JSONDecodeError:
+            pytest.fail("a torn sidecar was read: writes must be atomic")
+        if record and record["settings"]["batch_id"] == "3" and len(record["token_ids"]) >= 10:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            break
+        assert proc.poll() is None, proc.stderr.read().decode()
+        time.sleep(0.005)
+    else:
+        proc.kill()
+        pytest.fail("the job did not reach its third line")
+    assert len(out.read_text().splitlines()) == 2
+    with open(out, "a") as f:
+        f.write('{"id": "3", "te')        # as a kill in the middle of a line's write leaves it
+    assert batch(prompts, out) == 0
+    assert out.read_text() == reference and not side.exists()
+
+
+def test_bad_input_is_refused_naming_the_line(tmp_path, capsys):
+    job = Request(None)
+    cases = {'{"prompt": "a"}\n[1, 2]\n': "line 2 must be a JSON object",
+             '{"prompt": "a", "temprature": 1}\n': "line 1: unknown field 'temprature'",
+             '{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n':
+                 "line 2: id 'x' is used by an earlier line",
+             '{"messages": [], "prompt": "a"}\n': 'give either "prompt" or "messages"',
+             '{"prompt": "a"\n': "line 1 is not JSON",
+             "\n": "holds no prompt"}
+    for text, message in cases.items():
+        path = tmp_path / "p.jsonl"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            read_lines(path, job)
+    out = tmp_path / "other.jsonl"
+    out.write_text('{"id": "zzz"}\n')
+    model = longspec.load_model("demo", dtype="float32")
+    lines = read_lines(write_prompts(tmp_path / "prompts.jsonl"), job)
+    with pytest.raises(ValueError, match="holds results of other lines"):
+        list(run_batch(model, lines, out))
+    assert main(["batch", "demo", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
