@@ -89,7 +89,7 @@ class AutoDrafter(Drafter):
     needs_prefill_logits = True
 
     def __init__(self, model, sampler, drafter, context: int, draft_model=None,
-                 capacity: int = 0, gate: str = GATES[0], found: str = DRAFTERS[0],
+                 capacity: int = 0, *, gate: str = GATES[0], found: str = DRAFTERS[0],
                  prediction: tuple[int, ...] = ()):
         """`drafter`: an EAGLE drafter's directory (or loaded one), or None for the one found
         for the model (`found`, one of DRAFTERS), when there is; `draft_model`: a draft model,
@@ -198,5 +198,5 @@ SPEC = MethodSpec(
     options={"gate": Option(GATES[0], choices=GATES),
              "drafter": Option(DRAFTERS[0], choices=DRAFTERS)},
     build=lambda s: AutoDrafter(s.model, s.sampler, s.heads, s.context, s.draft_model,
-                                s.capacity, s.options["gate"], s.options["drafter"],
-                                s.prediction))
+                                s.capacity, gate=s.options["gate"],
+                                found=s.options["drafter"], prediction=s.prediction))
