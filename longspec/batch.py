@@ -9,11 +9,11 @@ An output line, written whole (one write, then fsync) when its generation ends: 
 "token_ids", "finish_reason", "usage"} (usage: prompt_tokens, completion_tokens, and with a
 prediction its accepted and rejected tokens). Nothing in it depends on the run's timing, so an
 interrupted job run again writes the same file as an uninterrupted one; the speed of each line
-goes to stderr. On a restart the lines already in the
-output are kept and skipped (a line torn by a kill mid-write is cut off first); the generation
-that was under way continues from OUT.longspec.json, the sidecar `generate --output` keeps,
-whose token ids are the truth: it ends with exactly the tokens of an uninterrupted run. A
-sidecar written with other settings is refused, naming the one that differs.
+goes to stderr. On a restart the lines already in the output are kept and skipped (a line torn
+by a kill mid-write is cut off first); the generation that was under way continues from
+OUT.longspec.json, the sidecar `generate --output` keeps, whose token ids are the truth: it
+ends with exactly the tokens of an uninterrupted run. A sidecar written with other settings is
+refused, naming the one that differs.
 
 Generations run one at a time (batched verification of several is not built yet).
 """
@@ -28,8 +28,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .api import stream
+from .drafters import check_arguments, get_method
 from .models.loader import Model
-from .request import Request, encode_prompt
+from .request import Request, checked_settings, encode_prompt
 from .sampling import SamplingConfig
 from .sidecar import (
     Checkpoints,
@@ -91,6 +92,11 @@ def _line(entry: dict, number: int, job: Request, where: str) -> Line:
             sampling = replace(sampling, **own)
         settings = {k: entry[k] for k in LINE_SETTINGS if k in entry and k not in SAMPLING_KEYS}
         request = replace(job, prompt=prompt, sampling=sampling, **settings)
+        spec = get_method(request.method)
+        check_arguments(spec, draft_model=False, heads=request.heads is not None,
+                        verify=request.verify, prediction=bool(request.prediction))
+        checked_settings(request)
+        spec.resolve(request.options)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
     return Line(str(entry.get("id", number)), request)

@@ -112,6 +112,10 @@ def test_bad_input_is_refused_naming_the_line(tmp_path, capsys):
                  "line 2: id 'x' is used by an earlier line",
              '{"messages": [], "prompt": "a"}\n': 'give either "prompt" or "messages"',
              '{"prompt": "a"\n': "line 1 is not JSON",
+             '{"prompt": "a", "method": "heads", "prediction": "b"}\n':
+                 "line 1: method 'heads' drafts nothing from a prediction",
+             '{"prompt": "a", "temperature": -1}\n': "line 1: ",
+             '{"prompt": "a", "max_new_tokens": 0}\n': "line 1: max_new_tokens must be",
              "\n": "holds no prompt"}
     for text, message in cases.items():
         path = tmp_path / "p.jsonl"
