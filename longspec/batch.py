@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .api import stream
+from .api import GenerationResult, stream
 from .drafters import check_arguments, get_method
 from .models.loader import Model
 from .request import Request, checked_settings, encode_prompt
@@ -126,13 +126,9 @@ def run_batch(model: Model, lines: list[Line], out: str | Path, progress: bool =
     """Generate each line not yet in `out`, appending its result there; yields the results
     written by this call, in order."""
     out = Path(out)
-    done = finished_ids(out)
-    expected = [line.id for line in lines[:len(done)]]
-    if done != expected:
-        raise ValueError(f"{out} holds results of other lines (ids {done[:3]}...) than "
-                         f"{len(done)} first lines of this input: write to another file")
+    todo = pending(lines, out)
     side = sidecar_path(out)
-    for k, line in enumerate(lines[len(done):], len(done) + 1):
+    for k, line in enumerate(todo, len(lines) - len(todo) + 1):
         if progress:
             print(f"longspec batch: line {k} of {len(lines)} (id {line.id})", file=sys.stderr)
         result, stats = _run_line(model, line, out, side, progress, checkpoint_every)
@@ -175,15 +171,35 @@ def _run_line(model: Model, line: Line, out: Path, side: Path, progress: bool,
         checkpoints.update(token_ids, force=True)     # what was made is kept for a restart
         raise
     res = s.result          # the whole generation, the resumed tokens included
+    result = result_line(line.id, res)
+    append_line(out, result)
+    checkpoints.finish(res.token_ids, res.finish_reason)
+    return result, res.stats
+
+
+def result_line(line_id: str, res: GenerationResult) -> dict:
+    """A line's output: nothing in it depends on the run's timing."""
     usage = {"prompt_tokens": res.prompt_tokens, "completion_tokens": len(res.token_ids)}
     if "prediction" in res.stats:
         usage["accepted_prediction_tokens"] = res.stats["prediction"]["accepted_tokens"]
         usage["rejected_prediction_tokens"] = res.stats["prediction"]["rejected_tokens"]
-    result = {"id": line.id, "text": res.text, "token_ids": res.token_ids,
-              "finish_reason": res.finish_reason, "usage": usage}
+    return {"id": line_id, "text": res.text, "token_ids": res.token_ids,
+            "finish_reason": res.finish_reason, "usage": usage}
+
+
+def append_line(out: Path, result: dict) -> None:
+    """One output line, whole: one write, then fsync."""
     with open(out, "a", encoding="utf-8") as f:
         f.write(json.dumps(result) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    checkpoints.finish(res.token_ids, res.finish_reason)
-    return result, res.stats
+
+
+def pending(lines: list[Line], out: Path) -> list[Line]:
+    """The lines not yet in `out` (whose whole lines must be the input's first ones)."""
+    done = finished_ids(out)
+    expected = [line.id for line in lines[:len(done)]]
+    if done != expected:
+        raise ValueError(f"{out} holds results of other lines (ids {done[:3]}...) than "
+                         f"{len(done)} first lines of this input: write to another file")
+    return lines[len(done):]

@@ -130,3 +130,18 @@ def test_bad_input_is_refused_naming_the_line(tmp_path, capsys):
         list(run_batch(model, lines, out))
     assert main(["batch", "demo", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_job_on_a_local_ray_cluster_writes_the_same_lines(tmp_path, reference):
+    """Two Ray actors (a real local Ray instance, one loaded model each) write the file the job
+    writes without Ray, its finished lines kept and a torn one cut off."""
+    pytest.importorskip("ray")
+    prompts, out = write_prompts(tmp_path / "prompts.jsonl"), tmp_path / "out.jsonl"
+    first_two = "".join(reference.splitlines(keepends=True)[:2])
+    out.write_text(first_two + '{"id": "3", "te')
+    assert batch(prompts, out, "--ray", "local", "--ray-actors", "2") == 0
+    assert out.read_text() == reference
+    fresh = tmp_path / "fresh.jsonl"
+    assert batch(prompts, fresh, "--ray", "local", "--ray-actors", "2") == 0
+    assert fresh.read_text() == reference

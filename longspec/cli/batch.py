@@ -37,7 +37,19 @@ def add_parser(sub) -> None:
     g.add_argument("--checkpoint-every", type=float, default=0.5, metavar="SECONDS",
                    help="at most how often the sidecar is rewritten (default 0.5)")
     g.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    g.add_argument("--ray", metavar="ADDRESS", help="spread the lines over Ray actors, one "
+                   "loaded model each: the address of a Ray cluster (`auto`: the one this "
+                   "machine is part of), or `local` to start one here (pip install -e "
+                   "\".[ray]\")")
+    g.add_argument("--ray-actors", type=int, default=2, metavar="N",
+                   help="with --ray: how many actors (models) generate at once (default 2)")
     g.set_defaults(run=run)
+
+
+def model_args(path: str, args) -> dict:
+    """load_model's arguments as the model flags say (for an actor to load it there)."""
+    return {"path": path, "dtype": args.dtype, "device": args.device,
+            "dequantize": args.dequantize, "quantize": args.quantize}
 
 
 def run(args) -> int:
@@ -52,11 +64,29 @@ def run(args) -> int:
                   sampling=sampling_from_args(args), seed=args.seed, heads=args.heads,
                   ignore_eos=args.ignore_eos, verify=args.verify, options=options)
     lines = read_lines(args.prompts, job)        # every line checked before a model loads
+    if args.ray:
+        return run_on_ray(args, lines)
     model = load_from_args(args.model, args)
     draft = load_optional(args.draft_model, args)
     if draft is not None:
         lines = [Line(line.id, replace(line.request, draft_model=draft)) for line in lines]
     for _ in run_batch(model, lines, args.out, progress=not args.no_progress,
                        checkpoint_every=args.checkpoint_every):
+        pass
+    return 0
+
+
+def run_on_ray(args, lines) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError("--ray needs the ray package: pip install -e \".[ray]\"")
+    if args.ray_actors < 1:
+        raise ValueError(f"--ray-actors must be at least 1, got {args.ray_actors}")
+    from ..ray_batch import run_batch_ray
+
+    draft = None if args.draft_model is None else model_args(args.draft_model, args)
+    for _ in run_batch_ray(args.ray, args.ray_actors, model_args(args.model, args), draft, lines,
+                           args.out, progress=not args.no_progress):
         pass
     return 0

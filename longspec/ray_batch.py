@@ -1,0 +1,91 @@
+"""`longspec batch --ray ADDRESS`: a batch job's lines spread over Ray actors, one loaded model
+each, on one machine or a cluster (`pip install -e ".[ray]"`). The driver hands each actor a
+line at a time and writes the results as batch.py does: in input order, each line once and
+whole, the same line a run without Ray writes where the actor's CPU has the driver's kernel
+profile (a line's tokens are those of the machine that ran it).
+
+A killed job run again keeps its finished lines and starts the others from their beginning:
+the lines under way on the actors are not checkpointed (run without --ray for that).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from .batch import Line, append_line, pending, result_line
+from .request import Request
+from .sidecar import sidecar_path
+
+LOCAL = "local"     # --ray local: start a Ray instance on this machine for the job
+
+
+class BatchActor:
+    """One loaded model (and draft model) generating the lines it is handed."""
+
+    def __init__(self, model_args: dict, draft_args: dict | None, threads: int):
+        from .models import load_model
+
+        torch.set_num_threads(threads)
+        self.model = load_model(**model_args)
+        self.draft = None if draft_args is None else load_model(**draft_args)
+
+    def run(self, line: Line) -> dict:
+        from .api import generate
+
+        r = line.request if self.draft is None else replace(line.request, draft_model=self.draft)
+        res = generate(self.model, r.prompt, **{k: getattr(r, k) for k in Request.fields()
+                                                 if k != "prompt"})
+        return result_line(line.id, res)
+
+
+def run_batch_ray(address: str, actors: int, model_args: dict, draft_args: dict | None,
+                  lines: list[Line], out: str | Path, progress: bool = True) -> Iterator[dict]:
+    """Generate each line not yet in `out` on `actors` Ray actors (of the cluster at `address`,
+    or LOCAL), appending the results to `out` in input order; yields them as written."""
+    import ray
+
+    out = Path(out)
+    todo = pending(lines, out)
+    if not todo:
+        return
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=None if address == LOCAL else address, log_to_driver=False,
+                 include_dashboard=False)
+    try:
+        cpus = max(1, int(ray.available_resources().get("CPU", 1)) // actors)
+        actor = ray.remote(num_cpus=cpus)(BatchActor)
+        workers = [actor.remote(model_args, draft_args, cpus) for _ in range(actors)]
+        running = {}                          # object ref -> (worker, index in todo)
+        ready: dict[int, dict] = {}
+        queue = iter(range(len(todo)))
+        written = 0
+        for worker in workers:
+            index = next(queue, None)
+            if index is not None:
+                running[worker.run.remote(todo[index])] = (worker, index)
+        while running:
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            worker, index = running.pop(ref)
+            ready[index] = ray.get(ref)
+            following = next(queue, None)
+            if following is not None:
+                running[worker.run.remote(todo[following])] = (worker, following)
+            while written in ready:            # in input order, as they complete
+                result = ready.pop(written)
+                append_line(out, result)
+                written += 1
+                if progress:
+                    done = len(lines) - len(todo) + written
+                    print(f"longspec batch: line {done} of {len(lines)} done (id "
+                          f"{result['id']}, {len(result['token_ids'])} tokens)", file=sys.stderr)
+                yield result
+        sidecar_path(out).unlink(missing_ok=True)    # a run without Ray's, now finished
+    finally:
+        if started:
+            ray.shutdown()
