@@ -6,10 +6,10 @@ token in O(1), and a bounded one over earlier outputs on the same model (so a se
 similar text starts warm); a third, with a predicted output (prediction=, OpenAI's predicted
 outputs: a file to be returned with an edit), over the prediction: where the output leaves it
 (the edit), the match is lost, and found again at the prediction's text once the output
-rejoins it. The occurrences of the longest match (up to MAX_OCCURRENCES of the
-latest) give continuations; they are merged into a counted trie, expanded best-first by the
-continuation frequencies, capped at ALPHA x match length nodes and MAX_DEPTH levels, dropping
-paths less likely than MIN_PROB (vLLM's defaults: depth 24, alpha 1.0, 0.1).
+rejoins it. The occurrences of the longest match (up to MAX_OCCURRENCES of the latest) give
+continuations; they are merged into a counted trie, expanded best-first by the continuation
+frequencies, capped at ALPHA x match length nodes and MAX_DEPTH levels, dropping paths less
+likely than MIN_PROB (vLLM's defaults: depth 24, alpha 1.0, 0.1).
 
 A continuation's frequency is smoothed by a pseudo-count of "something else" that shrinks as
 the match backing it grows (UNSEEN over its length, the drafts before it included): a token
