@@ -74,12 +74,13 @@ def _stop_rules(model: Model, stop, ignore_eos: bool) -> StopRules:
 def prepare(model: Model, request: Request) -> tuple[Engine, list[int]]:
     """Check every argument, then build the engine; nothing runs yet. Returns the engine and
     the token ids to start it with (the prompt, then the tokens of `resume_from`)."""
-    engine, prompt_ids, resumed = _prepare(model, request)
+    engine, prompt_ids, resumed, _ = _prepare(model, request)
     return engine, prompt_ids + resumed
 
 
-def _prepare(model: Model, request: Request) -> tuple[Engine, list[int], list[int]]:
-    """The engine, the prompt's ids and the resumed ids.
+def _prepare(model: Model, request: Request
+             ) -> tuple[Engine, list[int], list[int], list[int]]:
+    """The engine, the prompt's ids, the resumed ids and the prediction's.
 
     A resumed run is the same generation as an uninterrupted one: the sampler's noise is keyed
     on the original prompt and absolute positions, the engine prefills prompt + resumed tokens
@@ -116,7 +117,7 @@ def _prepare(model: Model, request: Request) -> tuple[Engine, list[int], list[in
     engine = Engine(model, drafter, sampler, budget, n - len(resumed), rules, r.method)
     engine.done = stop_at is not None or len(resumed) == n    # nothing left to generate
     engine.check_memory(len(prompt_ids) + len(resumed))
-    return engine, prompt_ids, resumed
+    return engine, prompt_ids, resumed, prediction
 
 
 class Stream:
@@ -126,7 +127,7 @@ class Stream:
     is the text of the whole generation."""
 
     def __init__(self, model: Model, engine: Engine, request: Request, prompt_ids: list[int],
-                 progress: bool, resumed: Sequence[int] = ()):
+                 progress: bool, resumed: Sequence[int] = (), prediction: Sequence[int] = ()):
         self.model = model
         self.engine = engine
         self.request = request
@@ -134,7 +135,7 @@ class Stream:
         self.resumed = list(resumed)
         self.progress = progress
         self.result: GenerationResult | None = None
-        self.prediction = encode_prediction(model, request.prediction)
+        self.prediction = list(prediction)
         tok, r, stop = model.tokenizer, request, engine.stop
         self._text = (TextStream(tok, prompt_ids[-4:], stop.stop_strings, r.keep_special,
                                  r.include_stop) if tok is not None else None)
@@ -192,9 +193,13 @@ class Stream:
 
 def stream(model: Model, prompt, *, progress: bool = False, **settings) -> Stream:
     """Like `generate`, but returns a `Stream` yielding new tokens as they are committed."""
-    request = _request(prompt, settings)
-    engine, prompt_ids, resumed = _prepare(model, request)
-    return Stream(model, engine, request, prompt_ids, progress, resumed)
+    return stream_request(model, _request(prompt, settings), progress)
+
+
+def stream_request(model: Model, request: Request, progress: bool = False) -> Stream:
+    """`stream` of a Request already made (a batch job's lines)."""
+    engine, prompt_ids, resumed, prediction = _prepare(model, request)
+    return Stream(model, engine, request, prompt_ids, progress, resumed, prediction)
 
 
 def generate(model: Model, prompt, *, progress: bool = False, **settings) -> GenerationResult:

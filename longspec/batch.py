@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .api import GenerationResult, stream
+from .api import GenerationResult, stream_request
 from .drafters import check_arguments, get_method
 from .models.loader import Model
 from .request import Request, checked_settings, encode_prompt
@@ -158,9 +158,7 @@ def _run_line(model: Model, line: Line, out: Path, side: Path, progress: bool,
                              "over")
         resumed = list(record.token_ids)
     checkpoints = Checkpoints(side, RunRecord(settings, prompt_ids, resumed or [], 0), every_s)
-    s = stream(model, r.prompt, progress=progress, resume_from=resumed,
-               **{k: getattr(r, k) for k in Request.fields() if k not in ("prompt",
-                                                                           "resume_from")})
+    s = stream_request(model, replace(r, resume_from=resumed), progress)
     token_ids = list(resumed or [])
     checkpoints.update(token_ids, force=True)
     try:

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from .batch import Line, append_line, pending, result_line
-from .request import Request
 from .sidecar import sidecar_path
 
 LOCAL = "local"     # --ray local: start a Ray instance on this machine for the job
@@ -35,12 +34,13 @@ class BatchActor:
         self.draft = None if draft_args is None else load_model(**draft_args)
 
     def run(self, line: Line) -> dict:
-        from .api import generate
+        from .api import stream_request
 
         r = line.request if self.draft is None else replace(line.request, draft_model=self.draft)
-        res = generate(self.model, r.prompt, **{k: getattr(r, k) for k in Request.fields()
-                                                 if k != "prompt"})
-        return result_line(line.id, res)
+        s = stream_request(self.model, r)
+        for _ in s:
+            pass
+        return result_line(line.id, s.result)
 
 
 def run_batch_ray(address: str, actors: int, model_args: dict, draft_args: dict | None,
