@@ -23,6 +23,7 @@ from .request import (
     resumed_ids,
 )
 from .sampler import Sampler
+from .sizing import generation_sizer
 from .stopping import StopRules
 from .text import TextStream, cut_at_stop, decode
 
@@ -111,10 +112,12 @@ def _prepare(model: Model, request: Request
     sampler = Sampler(sampling, seed, prompt_ids, model.config.vocab_size, model.device,
                       rejection=r.verify == "rejection")
     context = len(prompt_ids) + n
-    drafter = spec.build(DraftSetup(model, budget, options, sampler, r.draft_model, r.heads,
-                                    capacity=context + budget.max_nodes + 1, context=context,
-                                    prediction=tuple(prediction)))
-    engine = Engine(model, drafter, sampler, budget, n - len(resumed), rules, r.method)
+    sizer = generation_sizer(model, r.method, sampler.config, budget.max_nodes)
+    drafter = spec.build(DraftSetup(model, budget, options, sampler, sizer, r.draft_model,
+                                    r.heads, capacity=context + budget.max_nodes + 1,
+                                    context=context, prediction=tuple(prediction)))
+    engine = Engine(model, drafter, sampler, budget, n - len(resumed), rules, r.method,
+                    sizer=sizer)
     engine.done = stop_at is not None or len(resumed) == n    # nothing left to generate
     engine.check_memory(len(prompt_ids) + len(resumed))
     return engine, prompt_ids, resumed, prediction
@@ -143,6 +146,8 @@ class Stream:
         if self._text is not None and self.resumed:
             self.resumed_text = (self._text.finish(self.resumed, stop.by_string) if engine.done
                                  else self._text.push(self.resumed))
+        self._token_ids = list(self.resumed)
+        self._bar: ProgressBar | None = None
         self._chunks = self._run()
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -153,27 +158,42 @@ class Stream:
         if self.result is None:     # closed before the first step
             self.result = self._result(list(self.resumed), self.engine.done)
 
+    @property
+    def start_ids(self) -> list[int]:
+        """The ids the engine starts with: the prompt, then the resumed tokens."""
+        return self.prompt_ids + self.resumed
+
     def _run(self) -> Iterator[Chunk]:
-        text, stop = self._text, self.engine.stop
-        token_ids = list(self.resumed)
-        bar = ProgressBar(self.engine.max_new_tokens, enabled=self.progress)
+        self._bar = ProgressBar(self.engine.max_new_tokens, enabled=self.progress)
         finished = self.engine.done
         try:
             if not finished:
-                for new in self.engine.run(self.prompt_ids + self.resumed):
-                    token_ids.extend(new)
-                    bar.update(len(new), self.engine.stats)
-                    if text is None:
-                        piece = ""
-                    elif self.engine.done:
-                        piece = text.finish(new, stop.by_string)
-                    else:
-                        piece = text.push(new)
-                    yield Chunk(new, piece)
+                for new in self.engine.run(self.start_ids):
+                    yield self.take(new)
                 finished = True
         finally:
-            bar.close()
-            self.result = self._result(token_ids, finished)
+            self.end(finished)
+
+    def take(self, new: list[int]) -> Chunk:
+        """The chunk of tokens a step of the engine committed (as a batch's steps hand them
+        over: batching.py)."""
+        self._token_ids.extend(new)
+        if self._bar is not None:
+            self._bar.update(len(new), self.engine.stats)
+        text = self._text
+        if text is None:
+            piece = ""
+        elif self.engine.done:
+            piece = text.finish(new, self.engine.stop.by_string)
+        else:
+            piece = text.push(new)
+        return Chunk(new, piece)
+
+    def end(self, finished: bool) -> None:
+        """The generation ended (`finished`) or was stopped: its result is what it committed."""
+        if self._bar is not None:
+            self._bar.close()
+        self.result = self._result(list(self._token_ids), finished)
 
     def _result(self, token_ids: list[int], finished: bool) -> GenerationResult:
         stop, r, tok = self.engine.stop, self.request, self.model.tokenizer

@@ -22,8 +22,9 @@ from .memory import PeakMemory, ensure_fits, upload
 from .models.graphs import StaticSteps, graphs_wanted
 from .models.loader import Model
 from .models.prefill import prefill
+from .models.transformer import ForwardOutput, Segment
 from .sampler import Sampler
-from .sizing import Sizer, calibration, step_cost
+from .sizing import Sizer, StepCost, calibration_key
 from .stats import Stats
 from .stopping import StopRules
 from .tree import DraftTree, TreeTemplate
@@ -36,7 +37,10 @@ class Engine:
     """One generation: a prompt in, committed tokens out (as an iterator of chunks)."""
 
     def __init__(self, model: Model, drafter: Drafter, sampler: Sampler,
-                 budget: Budget, max_new_tokens: int, stop: StopRules, method: str):
+                 budget: Budget, max_new_tokens: int, stop: StopRules, method: str, *,
+                 sizer: Sizer):
+        """`sizer`: the generation's own (its step costs and calibration, which its drafter
+        reads too: `generation_sizer`)."""
         self.model = model
         self.net = model.net
         self.drafter = drafter
@@ -53,10 +57,8 @@ class Engine:
         self.cache: StaticCache | None = None
         self.steps: StaticSteps | None = None    # tree steps at static shapes (graphs.py)
         self.done = False
-        # what sizing learns lives with the model, so later generations start informed:
-        # step costs per tree cap, calibration per method and sampling setting
-        self.sizer = Sizer(step_cost(model, budget.max_nodes),
-                           calibration(model, method, sampler.config))
+        self.method = method
+        self.sizer = sizer
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -103,17 +105,22 @@ class Engine:
         """The target's forward over the tree (its keys into the slots past the committed)."""
         if self.steps is not None:
             return self.steps(tree)
-        shape = tree.shape
-        return self.net(tree.tokens, shape.depth + self.cache.length, self.cache,
-                        shape.mask(self.model.dtype), return_hidden=hidden)
+        s = self.segment(tree)
+        return self.net(s.tokens, s.positions, s.cache, s.mask, return_hidden=hidden)
 
-    def target(self, tree: DraftTree) -> TargetOutput:
-        """One forward of the target over the tree, and its choice after every node."""
+    def target(self, tree: DraftTree) -> tuple[TargetOutput, Verdict]:
+        """One forward of the target over the tree, and its verdict."""
         begin = time.perf_counter()
         out = self.forward(tree, self.drafter.needs_hidden)
         self.stats.verify_forward_s += time.perf_counter() - begin
+        return self.judge(tree, out)
+
+    def judge(self, tree: DraftTree, out: ForwardOutput) -> tuple[TargetOutput, Verdict]:
+        """The target's choice after every node of the tree, from its forward's output, and
+        the verdict (the one host transfer of a step)."""
         processed, choices = self.sampler.tree_choices(tree, out.logits)
-        return TargetOutput(out, processed, choices)
+        target = TargetOutput(out, processed, choices)
+        return target, verify(tree, target, self.sampler)
 
     def measure_step(self, n: int) -> float:
         """Seconds of a target step over a throwaway tree of n nodes shaped like the drafts
@@ -133,15 +140,39 @@ class Engine:
 
     def propose(self) -> DraftTree:
         """The drafter's tree, cut to the size that pays most when it is scored."""
+        tree, draft_seconds = self.draft()
+        if self.budget.sizing == "adaptive" and tree.scores is not None and tree.n > 1:
+            self.sizer.cost.refresh(len(self.tokens), self.measure_step)
+        return self.size(tree, draft_seconds)
+
+    def draft(self) -> tuple[DraftTree, float]:
+        """The drafter's tree, as it is, and the seconds it took."""
         begin = time.perf_counter()
         tree = self.drafter.propose(self.tokens, self.budget)
+        return tree, time.perf_counter() - begin
+
+    def size(self, tree: DraftTree, draft_seconds: float, cost: StepCost | None = None,
+             others: tuple[float, int] = (0.0, 0)) -> DraftTree:
+        """The tree cut to the size that pays most (sizing.py), when it is scored: alone, by
+        this generation's step costs; in a batch, by the batch's (`cost`), the others' expected
+        new tokens and rows (`others`) sharing its step."""
         if tree.scores is None or tree.n == 1:
             return tree
-        draft_seconds = time.perf_counter() - begin
-        adaptive = self.budget.sizing == "adaptive"
-        if adaptive:
-            self.sizer.cost.refresh(len(self.tokens), self.measure_step)
-        return self.sizer.choose(tree, draft_seconds, self.budget.max_nodes, adaptive)
+        return self.sizer.choose(tree, draft_seconds, self.budget.max_nodes,
+                                 self.budget.sizing == "adaptive", cost=cost, others=others)
+
+    def step(self) -> list[int]:
+        """One step alone: propose, verify, commit; the tokens it commits."""
+        tree = self.propose()
+        begin = time.perf_counter()
+        target, verdict = self.target(tree)
+        self.sizer.cost.observe(tree.n, time.perf_counter() - begin)
+        return self.commit(tree, target, verdict)
+
+    def segment(self, tree: DraftTree) -> Segment:
+        """The tree as its part of a forward of several generations (batching.py)."""
+        return Segment(tree.tokens, tree.shape.depth + self.cache.length, self.cache,
+                       tree.shape.mask(self.model.dtype))
 
     def commit(self, tree: DraftTree, target: TargetOutput, verdict: Verdict) -> list[int]:
         """Commit the verdict's tokens, cut at a stop rule or at max_new_tokens: keep their keys
@@ -180,12 +211,7 @@ class Engine:
                 begin: float | None = time.perf_counter()
                 try:
                     while not self.done:
-                        tree = self.propose()
-                        step_begin = time.perf_counter()
-                        target = self.target(tree)
-                        verdict = verify(tree, target, self.sampler)
-                        self.sizer.cost.observe(tree.n, time.perf_counter() - step_begin)
-                        new = self.commit(tree, target, verdict)
+                        new = self.step()
                         self.stats.decode_s += time.perf_counter() - begin
                         begin = None
                         yield new
@@ -194,9 +220,16 @@ class Engine:
                     self._sync()
                     if begin is not None:
                         self.stats.decode_s += time.perf_counter() - begin
-                    self.drafter.finish(self.tokens)
+                    self.finish()
         finally:
             self.stats.peak_memory_bytes = memory.peak
+
+    def finish(self) -> None:
+        """The generation ended (or stopped): what its drafters and its sizer learned goes
+        to the model's shared state, for the generations after it."""
+        self.drafter.finish(self.tokens)
+        self.model.state.publish(calibration_key(self.method, self.sampler.config),
+                                 self.sizer.calibration)
 
     def result_stats(self) -> dict:
         return {**self.stats.as_dict(), **self.drafter.stats()}

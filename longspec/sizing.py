@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable
 
 from .memory import upload
+from .shared import StepCostTable
 from .tree import DraftTree, TreeShape
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -49,16 +50,24 @@ BIN_ESTIMATE = [2 ** (-(b + 0.5) / 4) for b in range(BINS)]   # the middle of ea
 
 
 class StepCost:
-    def __init__(self, max_nodes: int):
-        self.sizes = [n for n in SIZES if n < max_nodes] + [max_nodes]
+    """Seconds of this generation's target steps (or its batch's: `generations` of them, a row
+    each at least) over up to max_rows rows, at its context. Sizes measured are also looked up
+    in, and recorded to, the model's shared table (shared.py), so that a generation does not
+    measure what an earlier one did at the same context."""
+
+    def __init__(self, max_rows: int, table: StepCostTable | None = None, generations: int = 1):
+        self.sizes = ([generations] + [n for n in SIZES if generations < n < max_rows]
+                      + ([max_rows] if max_rows > generations else []))
         self.seconds: list[float] = []     # of the first len(seconds) sizes
         self.context = 0
         self.measuring_s = 0.0             # seconds spent measuring, all told
+        self.table = table
+        self.generations = generations
         self._measure: Callable[[int], float] | None = None
 
     def refresh(self, context: int, measure: Callable[[int], float]) -> None:
         """Forget the measurements when the context has moved far enough from the one
-        measured at; sizes are measured again (`measure(n)`: seconds of a step over n nodes)
+        measured at; sizes are measured again (`measure(n)`: seconds of a step over n rows)
         as they are needed."""
         self._measure = measure
         moved = abs(context - self.context)
@@ -74,9 +83,21 @@ class StepCost:
     def _measure_up_to(self, n: int) -> None:
         while len(self.seconds) < len(self.sizes) and self.measured < n:
             size = self.sizes[len(self.seconds)]
-            t = self._measure(size)
-            self.measuring_s += t
+            t = self._lookup(size)
+            if t is None:
+                t = self._measure(size)
+                self.measuring_s += t
+                self._record(size, t)
             self.seconds.append(max(t, self.seconds[-1]) if self.seconds else t)  # never cheaper
+
+    def _lookup(self, rows: int) -> float | None:
+        if self.table is None:
+            return None
+        return self.table.lookup(self.generations, rows, self.context)
+
+    def _record(self, rows: int, seconds: float) -> None:
+        if self.table is not None:
+            self.table.record(self.generations, rows, self.context, seconds)
 
     def observe(self, n: int, seconds: float) -> None:
         """A real step over n nodes took `seconds`: when n is a measured size, its time
@@ -85,6 +106,7 @@ class StepCost:
         if i >= len(self.seconds) or seconds >= self.seconds[i]:
             return
         self.seconds[i] = seconds
+        self._record(n, seconds)
         for j in range(i):
             self.seconds[j] = min(self.seconds[j], seconds)
 
@@ -185,24 +207,9 @@ def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
                      [tree.scores[i] for i in keep], [tree.sources[i] for i in keep])
 
 
-def step_cost(model, max_nodes: int) -> StepCost:
-    """The target's step costs for trees of at most max_nodes nodes: kept with the model, so
-    later generations (and drafters deciding how far to draft) start informed."""
-    return model.state.setdefault(("step_cost", max_nodes), StepCost(max_nodes))
-
-
-def one_node_step(model) -> float | None:
-    """The seconds of the target's one-node step, as the generations on the model measured it
-    (None before any did)."""
-    known = [cost.known(1) for key, cost in model.state.items()
-             if isinstance(key, tuple) and key[0] == "step_cost"]
-    known = [seconds for seconds in known if seconds is not None]
-    return min(known) if known else None
-
-
-def calibration(model, method: str, config) -> Calibration:
-    """What a method's estimates are worth under a sampling setting, kept with the model."""
-    return model.state.setdefault(("calibration", method, config), Calibration())
+def calibration_key(method: str, config) -> tuple:
+    """The key of a method's calibration under a sampling setting in a model's shared state."""
+    return ("calibration", method, config)
 
 
 class Sizer:
@@ -213,10 +220,13 @@ class Sizer:
         self.calibration = calibration
 
     def choose(self, tree: DraftTree, draft_seconds: float, max_nodes: int,
-               adaptive: bool = True) -> DraftTree:
+               adaptive: bool = True, *, cost: StepCost | None = None,
+               others: tuple[float, int] = (0.0, 0)) -> DraftTree:
         """The prefix of the tree's score order, of at most `max_nodes` nodes, that maximises
         expected new tokens per second (adaptive), or that has `max_nodes` nodes by the
-        drafter's own scores (fixed)."""
+        drafter's own scores (fixed). In a batch, the rate is the batch's: `others` are the
+        expected new tokens and the rows of the other generations sharing the step, `cost`
+        the batch's step costs (default: this generation's)."""
         if tree.scores is None or tree.n == 1:
             return tree
         if not adaptive:
@@ -224,20 +234,23 @@ class Sizer:
             if tree.n <= max_nodes:
                 return tree
             return subtree(tree, sorted([0, *order[:max_nodes - 1]]))
+        cost = self.cost if cost is None else cost
+        gained, rows = others
         scores = self.calibration.scores(tree)
         order = sorted(range(1, tree.n), key=lambda i: (-scores[i], i))[:max_nodes - 1]
-        best, best_rate, gain = 1, 1.0 / (draft_seconds + self.cost(1)), 1.0
+        best, gain = 1, 1.0
+        best_rate = (gained + gain) / (draft_seconds + cost(rows + 1))
         rest = sum(scores[node] for node in order)      # the gain of the nodes not yet taken
         for k, node in enumerate(order, start=2):
-            if k > self.cost.measured:
+            if rows + k > cost.measured:
                 # no larger prefix costs less than the largest size measured, nor gains more
                 # than all the rest: when even that cannot pay, stop before measuring more
-                bound = (gain + rest) / (draft_seconds + self.cost(self.cost.measured))
+                bound = (gained + gain + rest) / (draft_seconds + cost(cost.measured))
                 if bound <= best_rate:
                     break
             gain += scores[node]
             rest -= scores[node]
-            rate = gain / (draft_seconds + self.cost(k))
+            rate = (gained + gain) / (draft_seconds + cost(rows + k))
             if rate > best_rate:
                 best, best_rate = k, rate
         if best == tree.n:
@@ -247,3 +260,11 @@ class Sizer:
     def record(self, tree: DraftTree, accepted: list[int]) -> None:
         if tree.scores is not None:
             self.calibration.record(tree, accepted)
+
+
+def generation_sizer(model, method: str, config, max_nodes: int) -> Sizer:
+    """A new generation's sizer: step costs of its own (looking up the model's shared table
+    before measuring) and the calibration that the last generation of the method under this
+    sampling setting ended with."""
+    return Sizer(StepCost(max_nodes, model.state.step_costs),
+                 model.state.checkout(calibration_key(method, config), Calibration))

@@ -11,6 +11,7 @@ from longspec.drafters.base import Budget
 from longspec.drafters.ngram import NgramDrafter, NgramTable
 from longspec.drafters.pld import NgramIndex
 from longspec.drafters.suffix import SuffixDrafter
+from longspec.shared import SharedState
 from longspec.tree import TreeTemplate, TrieBuilder, template
 
 pytestmark = pytest.mark.unit
@@ -122,7 +123,7 @@ def test_suffix_drafts_a_long_copy_as_a_deep_chain_and_a_short_match_as_a_guess(
     passage = [rng.randrange(100, 1000) for _ in range(200)]
 
     def drafted(answer: list[int]):
-        drafter = SuffixDrafter(SimpleNamespace(state={}), CPU)
+        drafter = SuffixDrafter(SimpleNamespace(state=SharedState()), CPU)
         drafter.prefill([1, 2, *passage, 3], None)
         return drafter.propose([1, 2, *passage, 3, *answer], Budget(48, 24))
 

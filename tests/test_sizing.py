@@ -10,7 +10,7 @@ from longspec.drafters.auto import AutoDrafter, StepRates
 from longspec.drafters.base import Budget
 from longspec.sampler import Sampler
 from longspec.sampling import SamplingConfig
-from longspec.sizing import Calibration, Sizer, StepCost
+from longspec.sizing import Calibration, Sizer, StepCost, generation_sizer
 from longspec.tree import DraftTree
 
 pytestmark = pytest.mark.unit
@@ -160,8 +160,9 @@ def test_auto_never_forces_a_plain_step_where_drafting_pays():
 
 
 def auto_drafter(model, text: list[int], gate: str = "measured") -> AutoDrafter:
-    drafter = AutoDrafter(model, Sampler(SamplingConfig(temperature=0), 0, text, 300, CPU), None,
-                          context=256, gate=gate)
+    sampler = Sampler(SamplingConfig(temperature=0), 0, text, 300, CPU)
+    drafter = AutoDrafter(model, sampler, generation_sizer(model, "auto", sampler.config, 8),
+                          None, context=256, gate=gate)
     drafter.prefill(text, None)
     return drafter
 

@@ -67,7 +67,7 @@ def test_stop_token_inside_an_accepted_path_cuts_the_commit(tmp_path):
                                          stop=[stop], ignore_eos=True))
     engine.start(ids)
     draft = DraftTree.chain([ids[-1], *ref.token_ids[:4]], CPU)   # all four drafts are right
-    target = engine.target(draft)
+    target, _ = engine.target(draft)
     verdict = verify_tree(draft, target.target_tokens)
     assert verdict.accept_length == 4
     new = engine.commit(draft, target, verdict)

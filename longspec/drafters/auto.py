@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 
 from ..heads import store
-from ..sizing import StepCost, calibration, step_cost
+from ..sizing import Sizer
 from ..tree import CANDIDATES, DraftTree, TrieBuilder
 from .base import Budget, Drafter
 from .draft_model import SPEC as DRAFT_SPEC
@@ -88,25 +88,26 @@ class StepRates:
 class AutoDrafter(Drafter):
     needs_prefill_logits = True
 
-    def __init__(self, model, sampler, drafter, context: int, draft_model=None,
+    def __init__(self, model, sampler, sizer: Sizer, drafter, context: int, draft_model=None,
                  capacity: int = 0, *, gate: str = GATES[0], found: str = DRAFTERS[0],
                  prediction: tuple[int, ...] = ()):
-        """`drafter`: an EAGLE drafter's directory (or loaded one), or None for the one found
-        for the model (`found`, one of DRAFTERS), when there is; `draft_model`: a draft model,
-        or None, and `capacity` the slots its KV cache needs; `gate`: one of GATES."""
+        """`sizer`: the generation's (its step costs and calibration); `drafter`: an EAGLE
+        drafter's directory (or loaded one), or None for the one found for the model (`found`,
+        one of DRAFTERS), when there is; `draft_model`: a draft model, or None, and `capacity`
+        the slots its KV cache needs; `gate`: one of GATES."""
         self.device = model.device
         self.model = model
-        self.trust = calibration(model, SPEC_NAME, sampler.config)
+        self.trust = sizer.calibration
+        self.cost = sizer.cost       # the generation's step costs, for their timings
         self.suffix = SuffixDrafter(model, model.device, prediction)
         self.recycling = RecyclingDrafter(model)
         if drafter is None and found == "found":
             drafter = store.find_bundled(model, "eagle")
         self.eagle = (None if drafter is None else
-                      EagleDrafter(model, drafter, sampler, context, EAGLE_BUDGET,
-                                   method=SPEC_NAME))
+                      EagleDrafter(model, drafter, sampler, self.trust, context, EAGLE_BUDGET))
         self.draft_model = (None if draft_model is None else
-                            DraftModelDrafter(model, draft_model, sampler, capacity, context,
-                                              method=SPEC_NAME))
+                            DraftModelDrafter(model, draft_model, sampler, sizer, capacity,
+                                              context))
         self.needs_hidden = self.eagle is not None
         # drafting at all (True) or a plain step (False): where no draft pays (sampling at T=1
         # without a filter: `auto` on SmolLM2 ran 0.80-0.99x `ar` drafting every step), plain
@@ -115,7 +116,6 @@ class AutoDrafter(Drafter):
         self.gate = StepRates(retried=(True,)) if gate == "measured" else None
         self.rates = StepRates()     # in unsure steps: with the sources that run a model or not
         self.drafting, self.started, self.measuring = True, 0.0, 0.0
-        self.cost: StepCost | None = None          # the target's step costs, for their timings
         self.step: tuple[bool, float] | None = None  # an unsure step's arm and start
         self.verified = [0] * len(SOURCES)
         self.accepted = [0] * len(SOURCES)
@@ -132,8 +132,6 @@ class AutoDrafter(Drafter):
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         started = self.started = time.perf_counter()
-        if self.cost is None:
-            self.cost = step_cost(self.model, budget.max_nodes)
         self.measuring = self.cost.measuring_s
         trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
         self.step = None
@@ -183,6 +181,7 @@ class AutoDrafter(Drafter):
 
     def finish(self, tokens: list[int]) -> None:
         self.suffix.finish(tokens)
+        self.recycling.finish(tokens)
 
     def stats(self) -> dict:
         return {"sources": {name: {"verified": self.verified[i], "accepted": self.accepted[i]}
@@ -197,6 +196,6 @@ SPEC = MethodSpec(
     takes_prediction=True,
     options={"gate": Option(GATES[0], choices=GATES),
              "drafter": Option(DRAFTERS[0], choices=DRAFTERS)},
-    build=lambda s: AutoDrafter(s.model, s.sampler, s.heads, s.context, s.draft_model,
+    build=lambda s: AutoDrafter(s.model, s.sampler, s.sizer, s.heads, s.context, s.draft_model,
                                 s.capacity, gate=s.options["gate"],
                                 found=s.options["drafter"], prediction=s.prediction))

@@ -24,7 +24,7 @@ import torch
 
 from ..cache import StaticCache
 from ..memory import ensure_fits
-from ..sizing import Calibration, StepCost, calibration, step_cost
+from ..sizing import Calibration, Sizer, StepCost
 from ..tree import DraftTree, TreeShape, TrieBuilder
 from .base import Budget, TrieDrafter
 from .chain import ChainModel
@@ -66,8 +66,8 @@ def chance(row: torch.Tensor, token: int) -> float:
 
 
 class DraftModelDrafter(TrieDrafter):
-    def __init__(self, target, draft, sampler, capacity: int, context: int,
-                 vocab: int = DRAFT_VOCAB, method: str = "draft"):
+    def __init__(self, target, draft, sampler, sizer: Sizer, capacity: int, context: int,
+                 vocab: int = DRAFT_VOCAB):
         check_draft_model(target, draft)
         check_draft_context(draft, context, "max_new_tokens or the prompt length")
         self.target = target
@@ -77,8 +77,10 @@ class DraftModelDrafter(TrieDrafter):
                     "the draft model's KV cache", "lower max_new_tokens")
         cache = StaticCache(draft.config, capacity, draft.dtype, draft.device)
         self.chain = ChainModel(draft.net, cache, vocab=vocab)
-        # what the draft's chances are worth, as the engine calibrates them for `method`
-        self.trust: Calibration = calibration(target, method, sampler.config)
+        # what the draft's chances are worth, as the engine calibrates them, and the target's
+        # step costs: the generation's own
+        self.trust: Calibration = sizer.calibration
+        self.cost: StepCost = sizer.cost
         self.draft_step: float | None = None     # seconds of a draft step, smoothed
         self._start = 0
         self._drafts: list[int] = []
@@ -102,7 +104,7 @@ class DraftModelDrafter(TrieDrafter):
         as the engine calibrates `source`'s."""
         self._start = len(committed)
         adaptive = budget.sizing == "adaptive"
-        cost = step_cost(self.target, budget.max_nodes)
+        cost = self.cost
         chances: list[float] = []
         accepted = [1.0]        # the chance of each draft's path, as calibrated
         clock = [time.perf_counter()]
@@ -158,5 +160,5 @@ class DraftModelDrafter(TrieDrafter):
 SPEC = MethodSpec(
     name="draft", summary="a small model with the same tokenizer (classic speculative decoding)",
     budget=Budget(9, 8), draft_model="needed", samples_drafts=True, options=VOCAB_OPTION,
-    build=lambda s: DraftModelDrafter(s.model, s.draft_model, s.sampler, s.capacity, s.context,
-                                      s.options["draft_vocab"]))
+    build=lambda s: DraftModelDrafter(s.model, s.draft_model, s.sampler, s.sizer, s.capacity,
+                                      s.context, s.options["draft_vocab"]))

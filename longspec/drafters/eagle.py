@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..heads import store
 from ..heads.eagle import EagleDrafterNet, FeatureCache, load_eagle
-from ..sizing import calibration, one_node_step
+from ..sizing import Calibration
 from ..tree import CANDIDATES, TrieBuilder
 from .base import Budget, TrieDrafter
 from .registry import MethodSpec, Option
@@ -41,9 +41,9 @@ CATCH_UP_SCORE_BYTES = 64 * 2**20   # largest attention score buffer of a catch-
 class EagleDrafter(TrieDrafter):
     needs_hidden = True
 
-    def __init__(self, model, drafter, sampler, context: int, budget: Budget, *,
-                 top_k: int = TOP_K, beam: int = BEAM, min_path: int = MIN_PATH,
-                 method: str = "eagle"):
+    def __init__(self, model, drafter, sampler, trust: Calibration, context: int,
+                 budget: Budget, *, top_k: int = TOP_K, beam: int = BEAM,
+                 min_path: int = MIN_PATH):
         self.net = model.net
         trained = store.resolve(model, drafter, "eagle", "an EAGLE drafter", EagleDrafterNet,
                                 load_eagle)
@@ -55,8 +55,8 @@ class EagleDrafter(TrieDrafter):
         self.min_path = min_path / 100
         self.depth_time: float | None = None      # seconds of one depth's expansion, smoothed
         self.model = model
-        # what the drafter's chances are worth, as the engine calibrates them for `method`
-        self.trust = calibration(model, method, sampler.config)
+        # what the drafter's chances are worth, as the engine calibrates them
+        self.trust = trust
         self.cache = FeatureCache(self.eagle.shape, context + budget.max_depth * beam + 1,
                                   model.dtype, model.device)
         self.vocab = self.eagle.vocab             # draft vocabulary [V'], or None: all
@@ -124,7 +124,7 @@ class EagleDrafter(TrieDrafter):
         """The path probability (calibrated) a node needs to be expanded: min_path, or more
         where a depth of drafting costs more than that share of a target step (measured): a
         child of a node of path probability p saves at most p target steps."""
-        step = one_node_step(self.model)
+        step = self.model.state.step_costs.fastest(1)
         if step is None or self.depth_time is None:
             return self.min_path
         return max(self.min_path, self.depth_time / step)
@@ -203,6 +203,6 @@ SPEC = MethodSpec(
     "dynamic trees (EAGLE-2)",
     budget=Budget(32, 6), needs_heads=True,
     options={"top_k": Option(TOP_K), "beam": Option(BEAM), "min_path": Option(MIN_PATH, minimum=0)},
-    build=lambda s: EagleDrafter(s.model, s.heads, s.sampler, s.context, s.budget,
-                                 top_k=s.options["top_k"], beam=s.options["beam"],
+    build=lambda s: EagleDrafter(s.model, s.heads, s.sampler, s.sizer.calibration, s.context,
+                                 s.budget, top_k=s.options["top_k"], beam=s.options["beam"],
                                  min_path=s.options["min_path"]))

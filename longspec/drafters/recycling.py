@@ -4,8 +4,9 @@ An adjacency matrix M [vocab, 8] holds, for each token, the top-8 tokens the tar
 after it, refreshed from every tree node's raw logits after each verify (rejected nodes
 included; raw, because with top-p or min-p most processed logits are -inf).
 The draft is a static tree template: each node's children are its token's top-ranked successors
-in M, so filling the template is one gather per level, with no host work. M lives in the
-model's `state`, so it persists across calls (hot start); the prompt's logits seed it at prefill.
+in M, so filling the template is one gather per level, with no host work. A generation starts
+from the M the last generation on the model ended with (a hot start: the model's shared state
+keeps a copy) and hands its own back when it ends; the prompt's logits seed it at prefill.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .base import Budget, Drafter
 from .registry import MethodSpec
 
 WIDTH = 8
+HOT_START = ("recycling_matrix",)     # the key of M in the model's shared state
 
 
 class RecyclingDrafter(Drafter):
@@ -24,11 +26,10 @@ class RecyclingDrafter(Drafter):
 
     def __init__(self, model):
         self.device = model.device
-        key = "recycling_matrix"
-        if key not in model.state:
-            vocab = model.config.vocab_size
-            model.state[key] = torch.arange(WIDTH, device=self.device).repeat(vocab, 1) % vocab
-        self.matrix = model.state[key]
+        self.shared = model.state
+        vocab = model.config.vocab_size
+        self.matrix = model.state.checkout(
+            HOT_START, lambda: torch.arange(WIDTH, device=self.device).repeat(vocab, 1) % vocab)
         self._templates: dict[Budget, TreeTemplate] = {}
 
     def update(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
@@ -52,6 +53,9 @@ class RecyclingDrafter(Drafter):
 
     def observe(self, tree, target_out, verdict) -> None:
         self.update(tree.tokens, target_out.forward.logits)
+
+    def finish(self, tokens: list[int]) -> None:
+        self.shared.publish(HOT_START, self.matrix)
 
 
 SPEC = MethodSpec(

@@ -38,6 +38,7 @@ class DraftSetup:
     budget: Budget
     options: Mapping[str, Any]  # the method's options, defaults filled in
     sampler: Any               # the generation's Sampler
+    sizer: Any                 # the generation's Sizer: its step costs and calibration
     draft_model: Any | None
     heads: Any | None          # a path, loaded heads, or None for the bundled ones
     capacity: int              # slots of the target's KV cache

@@ -23,78 +23,17 @@ from __future__ import annotations
 
 import heapq
 import math
-from array import array
 
+from ..suffix_index import SuffixIndex
 from ..tree import TrieBuilder
 from .base import Budget, TrieDrafter
 from .registry import MethodSpec
 
-MAX_N = 4                 # n-grams indexed; longer matches are found by extending backwards
-MAX_MATCH = 64
-MAX_OCCURRENCES = 64
 ALPHA = 1.0
 MAX_DEPTH = 24
 MIN_PROB = 0.1
 UNSEEN = 2.0              # pseudo-count of other continuations, times 1 / match length
-OUTPUTS_CAP = 1 << 18     # tokens of earlier outputs kept process-wide (per model)
-SEPARATOR = -1            # between earlier outputs: no n-gram spans two of them
 LOCAL, EARLIER, PREDICTED = 0, 1, 2   # sources of a node, calibrated apart
-
-
-class SuffixIndex:
-    """Occurrences of every n-gram (n = 1..MAX_N) of a growing token sequence, newest first:
-    `_last[n]` maps an n-gram's hash to the end of its latest occurrence (the index just past
-    it, where its continuation starts), `_prev[n][end]` gives the occurrence before."""
-
-    def __init__(self, tokens: list[int] = ()):
-        self.tokens: list[int] = []
-        self._last: list[dict[int, int]] = [{} for _ in range(MAX_N + 1)]
-        self._prev = [array("l", [-1]) for _ in range(MAX_N + 1)]
-        self.extend(list(tokens))
-
-    def extend(self, tokens: list[int]) -> None:
-        toks = self.tokens
-        for token in tokens:
-            toks.append(token)
-            end = len(toks)
-            for n in range(1, MAX_N + 1):
-                if n > end or toks[end - n] == SEPARATOR:
-                    self._prev[n].append(-1)
-                    continue
-                key = hash(tuple(toks[end - n:end]))
-                self._prev[n].append(self._last[n].get(key, -1))
-                self._last[n][key] = end
-
-    def matches(self, suffix: list[int]) -> tuple[int, list[int]]:
-        """The longest match length of `suffix`'s end among this sequence's occurrences, and
-        where the continuations of those longest matches start (latest first). An occurrence
-        must have a continuation: one ending at the sequence's end does not count."""
-        toks, size = self.tokens, len(self.tokens)
-        for n in range(min(MAX_N, len(suffix)), 0, -1):
-            end = self._last[n].get(hash(tuple(suffix[-n:])), -1)
-            found: list[tuple[int, int]] = []
-            while end >= 0 and len(found) < MAX_OCCURRENCES:
-                if end < size and toks[end - n:end] == suffix[-n:]:   # not a hash collision
-                    length = n
-                    while (length < MAX_MATCH and length < len(suffix) and end - length > 0
-                           and toks[end - length - 1] == suffix[-length - 1]):
-                        length += 1
-                    found.append((length, end))
-                end = self._prev[n][end]
-            if found:
-                best = max(length for length, _ in found)
-                return best, [end for length, end in found if length == best]
-        return 0, []
-
-    def continuations(self, starts: list[int], depth: int) -> list[list[int]]:
-        out = []
-        for start in starts:
-            cont = self.tokens[start:start + depth]
-            if SEPARATOR in cont:
-                cont = cont[:cont.index(SEPARATOR)]
-            if cont:
-                out.append(cont)
-        return out
 
 
 def add_counted_tree(trie: TrieBuilder, continuations: list[list[int]], max_nodes: int,
@@ -135,11 +74,11 @@ def add_counted_tree(trie: TrieBuilder, continuations: list[list[int]], max_node
 class SuffixDrafter(TrieDrafter):
     def __init__(self, model, device, prediction: tuple[int, ...] = ()):
         self.device = device
+        self.shared = model.state
         self.local = SuffixIndex()
-        self.earlier: SuffixIndex = model.state.setdefault("suffix_outputs", SuffixIndex())
-        self.indexes = [(LOCAL, self.local), (EARLIER, self.earlier)]
+        self.indexes = [(LOCAL, self.local)]
         if prediction:
-            self.indexes.insert(1, (PREDICTED, SuffixIndex(list(prediction))))
+            self.indexes.append((PREDICTED, SuffixIndex(list(prediction))))
         self.prompt_len = 0
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
@@ -147,27 +86,19 @@ class SuffixDrafter(TrieDrafter):
         self.prompt_len = len(prompt_ids)
 
     def add_drafts(self, trie: TrieBuilder, committed: list[int], budget: Budget) -> None:
-        """Add this drafter's tree for the text `committed` to `trie` (used by `auto` too)."""
+        """Add this drafter's tree for the text `committed` to `trie` (used by `auto` too):
+        from this text, the prediction, then earlier outputs."""
         self.local.extend(committed[len(self.local.tokens):])
         depth = min(budget.max_depth, MAX_DEPTH)
-        for source, index in self.indexes:
-            length, starts = index.matches(committed)
+        found = [(source, *index.matched(committed, depth)) for source, index in self.indexes]
+        found.append((EARLIER, *self.shared.earlier_matches(committed, depth)))
+        for source, length, continuations in found:
             if length:
                 cap = min(budget.max_nodes - 1, math.ceil(ALPHA * length))
-                add_counted_tree(trie, index.continuations(starts, depth), cap, source, length)
+                add_counted_tree(trie, continuations, cap, source, length)
 
     def finish(self, tokens: list[int]) -> None:
-        remember_output(self.earlier, tokens[self.prompt_len:])
-
-
-def remember_output(index: SuffixIndex, output: list[int]) -> None:
-    """Add a finished output to the index of earlier outputs, keeping the newest OUTPUTS_CAP
-    tokens (rebuilt from the newer half when full, so each token is re-indexed O(1) times)."""
-    if not output:
-        return
-    if len(index.tokens) + len(output) > OUTPUTS_CAP:
-        index.__init__(index.tokens[len(index.tokens) // 2:])
-    index.extend([SEPARATOR, *output[-OUTPUTS_CAP // 2:]])
+        self.shared.remember_output(tokens[self.prompt_len:])
 
 
 SPEC = MethodSpec(

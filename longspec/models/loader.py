@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..memory import ensure_fits
+from ..shared import SharedState
 from . import gguf
 from .build import build_transformer
 from .config import ModelConfig, as_ids, read_config
@@ -41,14 +42,14 @@ CPU_FLOAT32_BELOW = 20_000_000
 @dataclass(eq=False)
 class Model:
     """A loaded model: the network, its configuration and (when the checkpoint has one) its
-    tokenizer. `state` keeps what drafters learn across calls on this model (hot start)."""
+    tokenizer. `state` is what the generations on this model share (shared.py)."""
 
     net: Transformer
     config: ModelConfig
     tokenizer: Any | None
     path: Path                             # checkpoint directory or .gguf file
     generation_eos: tuple[int, ...] = ()   # eos_token_id of generation_config.json
-    state: dict = field(default_factory=dict)
+    state: SharedState = field(default_factory=SharedState)
     source: Source | None = None           # what the caller named (directory, file, Hub id, ...)
     profile: KernelProfile | None = None   # the kernels' choices, fixed at load (profile.py)
 
