@@ -84,6 +84,12 @@ class PeakMemory:
             self._thread.start()
         return self
 
+    def so_far(self) -> int:
+        """The peak since the block began, read now."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return max(self.peak, self._rss())
+
     def __exit__(self, kind, *exc) -> None:
         if self.device.type == "cuda":
             self.peak = torch.cuda.max_memory_allocated(self.device)

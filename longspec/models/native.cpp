@@ -754,6 +754,15 @@ Tensor product(const std::vector<Part>& parts, const Tensor& x) {
   return outs.size() == 1 ? outs[0] : at::cat(outs, -1);
 }
 
+// One generation's part of a forward (transformer.py's Segment): its rows of x go to its cache's
+// slots [start, start + rows) of `keys` and `values` (one per layer) and attend to slots [0, n),
+// with its block mask and block order (cache/base.py's AttentionPlan).
+struct Segment {
+  std::vector<Tensor> keys, values;
+  int64_t start, n, rows;
+  std::optional<Tensor> mask, order;
+};
+
 // The decoder layers of one model (transformer.py's Blocks), given once at load: per layer l,
 // products[4 l .. 4 l + 3] are its q|k|v, output, gate|up and down; norms[2 l], norms[2 l + 1]
 // its attention and MLP norms; qk_norms (empty or 2 per layer) Qwen3's query and key norms.
@@ -763,17 +772,13 @@ struct Layers {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   double eps = 0, scale = 0;
 
-  // Every layer over x [q, hidden] with RoPE's cos and sin; the block goes to the layers'
-  // cache slots [start, start + q) of `keys` and `values` and attends to slots [0, n), with
-  // `plan`'s block mask and block order ((start, n, mask, order): cache/base.py's
-  // AttentionPlan). Returns the output [q, hidden] and, when asked for, each layer's rotated
-  // query of the last token [heads, head_dim].
+  // Every layer over x [q, hidden] with RoPE's cos and sin, its rows the segments' in turn
+  // (several generations' blocks in one forward: every product over all rows, attention over
+  // each segment's own cache). Returns the output [q, hidden] and, when asked for, each layer's
+  // rotated query of the last row [heads, head_dim].
   std::tuple<Tensor, std::vector<Tensor>> forward(
-      Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<Tensor>& keys,
-      const std::vector<Tensor>& values,
-      const std::tuple<int64_t, int64_t, std::optional<Tensor>, std::optional<Tensor>>& plan,
+      Tensor x, const Tensor& cos, const Tensor& sin, const std::vector<Segment>& segments,
       bool want_queries) const {
-    const auto& [start, n, mask, order] = plan;
     int64_t q_len = x.size(0);
     std::vector<Tensor> queries;
     int64_t nq = heads * head_dim, nkv = kv_heads * head_dim;
@@ -792,10 +797,19 @@ struct Layers {
       Tensor q = qk.index({Slice(), Slice(None, heads)});
       Tensor k = qk.index({Slice(), Slice(heads, None)});
       if (want_queries) queries.push_back(q[q_len - 1]);
-      keys[l].index({Slice(), Slice(start, start + q_len)}).copy_(k.transpose(0, 1));
-      values[l].index({Slice(), Slice(start, start + q_len)}).copy_(v.transpose(0, 1));
-      Tensor out = loop_attention(q, keys[l].narrow(1, 0, n), values[l].narrow(1, 0, n), start,
-                                  mask, order, scale);
+      std::vector<Tensor> outs;
+      int64_t row = 0;
+      for (const Segment& s : segments) {
+        Tensor rows_k = k.narrow(0, row, s.rows), rows_v = v.narrow(0, row, s.rows);
+        s.keys[l].index({Slice(), Slice(s.start, s.start + s.rows)}).copy_(rows_k.transpose(0, 1));
+        s.values[l].index({Slice(), Slice(s.start, s.start + s.rows)})
+            .copy_(rows_v.transpose(0, 1));
+        outs.push_back(loop_attention(q.narrow(0, row, s.rows), s.keys[l].narrow(1, 0, s.n),
+                                      s.values[l].narrow(1, 0, s.n), s.start, s.mask, s.order,
+                                      scale));
+        row += s.rows;
+      }
+      Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
       x = x + product(products[4 * l + 1], out);
       h = rms_norm(x, norms[2 * l + 1], eps);
       Tensor gate_up = product(products[4 * l + 2], h);
@@ -813,6 +827,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<Tensor, std::optional<Tensor>, int64_t, bool, std::optional<Tensor>>(),
            py::arg("weight"), py::arg("scale_zero"), py::arg("size"), py::arg("doubled"),
            py::arg("bias"));
+  py::class_<Segment>(m, "Segment")
+      .def(py::init<std::vector<Tensor>, std::vector<Tensor>, int64_t, int64_t, int64_t,
+                    std::optional<Tensor>, std::optional<Tensor>>(),
+           py::arg("keys"), py::arg("values"), py::arg("start"), py::arg("n"), py::arg("rows"),
+           py::arg("mask"), py::arg("order"));
   py::class_<Layers>(m, "Layers", "every decoder layer of a bfloat16 CPU model")
       .def(py::init<>())
       .def_readwrite("norms", &Layers::norms)

@@ -58,12 +58,13 @@ def _parts(module: ModuleType, product) -> list:
 class NativeLayers:
     """Every layer of a quantized `Transformer` (int4 products, and the dense ones of formats
     the kernel cannot take), bfloat16 on a CPU, handed to the compiled layers once:
-    `__call__(x, cos, sin, cache, plan, queries)` is what the Python loop over `Block`s gives:
-    the output, and each layer's query of the last token when `queries` (else None)."""
+    `__call__(x, cos, sin, parts, queries)` is what the Python loop over `Block`s gives: the
+    output, and each layer's query of the last row when `queries` (else None)."""
 
     def __init__(self, module: ModuleType, net) -> None:
         c = net.config
         blocks = list(net.layers)
+        self.module = module
         layers = self.layers = module.Layers()
         layers.norms = [t for b in blocks for t in (b.attn_norm, b.mlp_norm)]
         layers.qk_norms = ([] if blocks[0].q_norm is None
@@ -72,12 +73,13 @@ class NativeLayers:
         layers.heads, layers.kv_heads, layers.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         layers.eps, layers.scale = c.rms_norm_eps, c.head_dim ** -0.5
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-                 plan: AttentionPlan, queries: bool
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 parts: list[tuple[KVCache, AttentionPlan]], queries: bool
                  ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        out, last_queries = self.layers.forward(
-            x, cos, sin, cache.k, cache.v,
-            (plan.start, plan.n_keys, plan.block_mask, plan.block_order), queries)
+        segments = [self.module.Segment(keys=cache.k, values=cache.v, start=plan.start,
+                                        n=plan.n_keys, rows=plan.q, mask=plan.block_mask,
+                                        order=plan.block_order) for cache, plan in parts]
+        out, last_queries = self.layers.forward(x, cos, sin, segments, queries)
         return out, last_queries if queries else None
 
 

@@ -36,6 +36,17 @@ class ForwardOutput:
     queries: list[torch.Tensor] | None = None
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One generation's block in a forward of several: its tokens [q] at positions [q] into
+    its own cache, with the block's additive mask [q, q] (None: every row sees the block)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    cache: KVCache
+    mask: torch.Tensor | None = None
+
+
 def _frozen(t: torch.Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t, requires_grad=False)
 
@@ -55,10 +66,12 @@ class Block(nn.Module):
         self.wqkv, self.wo = w["wqkv"], w["wo"]
         self.w_gate_up, self.w_down = w["w_gate_up"], w["w_down"]
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache, plan: AttentionPlan,
+    def forward(self, x, cos, sin, layer: int, parts: list[tuple[KVCache, AttentionPlan]],
                 attention: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's output [q, hidden] and its rotated queries [q, heads, head_dim];
-        attention on the path `attention` names (native.attention_path): the plan's `layout`
+        """The layer's output [q, hidden] and its rotated queries [q, heads, head_dim]. The
+        rows of x are the parts' in turn (a cache and its plan each: several generations'
+        blocks in one forward): every product runs over all rows, attention over each part's
+        own cache, on the path `attention` names (native.attention_path): the plan's `layout`
         present, "triton" runs tree_attention.py's kernel."""
         c = self.config
         q_len = x.shape[0]
@@ -74,14 +87,22 @@ class Block(nn.Module):
                            dim=1)
         qk = apply_rope(qk, cos, sin)            # queries and keys rotated in one go
         q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
-        keys, values = cache.write(layer, plan, k.transpose(0, 1), v.transpose(0, 1))
         scale = c.head_dim ** -0.5
-        if plan.layout is not None:
-            from .tree_attention import tree_attention  # imports Triton: only on this path
-            out = tree_attention(q, keys, values, plan.start, plan.layout, scale)
-        else:
-            products = torch.ops.longspec.attention if attention == "loops" else grouped_attention
-            out = products(q, keys, values, plan.start, plan.block_mask, plan.block_order, scale)
+        outs, row = [], 0
+        for cache, plan in parts:
+            rows = slice(row, row + plan.q)
+            row += plan.q
+            keys, values = cache.write(layer, plan, k[rows].transpose(0, 1),
+                                       v[rows].transpose(0, 1))
+            if plan.layout is not None:
+                from .tree_attention import tree_attention  # imports Triton: only on this path
+                outs.append(tree_attention(q[rows], keys, values, plan.start, plan.layout, scale))
+            else:
+                products = (torch.ops.longspec.attention if attention == "loops"
+                            else grouped_attention)
+                outs.append(products(q[rows], keys, values, plan.start, plan.block_mask,
+                                     plan.block_order, scale))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
         x = x + self.wo(out)
         h = F.rms_norm(x, (c.hidden_size,), self.mlp_norm, eps)
         gate, up = self.w_gate_up(h).chunk(2, dim=-1)
@@ -180,20 +201,45 @@ class Transformer(nn.Module):
         whose logits are computed (default: all), by `head` when given (hidden_to_logits).
         A `plan` given (a captured step's: models/graphs.py) is used as it is, mask unread.
         """
-        cos, sin = self.rotary(positions)
         if plan is None:
             plan = self._plan(tokens.shape[0], cache, mask)
-        x = F.embedding(tokens, self.embed)
-        if self.native is not None:
-            x, queries = self.native(x, cos, sin, cache, plan, return_queries)
-        else:
-            queries = [] if return_queries else None
-            for i, layer in enumerate(self.layers):
-                x, q = layer(x, cos, sin, i, cache, plan, self.attention)
-                if queries is not None:
-                    queries.append(q[-1])
+        x, queries = self._layers(tokens, positions, [(cache, plan)], return_queries)
         logits = None
         if need_logits:
             selected = x if logits_index is None else x[logits_index]
             logits = self.hidden_to_logits(selected, head)
         return ForwardOutput(logits, x if return_hidden else None, queries)
+
+    @torch.no_grad()
+    def forward_many(self, segments: list[Segment], return_hidden: bool = False
+                     ) -> list[ForwardOutput]:
+        """Several generations' blocks in one forward (batched verification): each segment's
+        output is what `forward` gives it alone, bit for bit, since every product is
+        row-invariant (the row check at load: selfcheck.py) and attention reads each segment's
+        own cache. Logits for every row."""
+        parts = [(s.cache, self._plan(s.tokens.shape[0], s.cache, s.mask)) for s in segments]
+        x, _ = self._layers(torch.cat([s.tokens for s in segments]),
+                            torch.cat([s.positions for s in segments]), parts, False)
+        logits = self.hidden_to_logits(x)
+        outs, row = [], 0
+        for s in segments:
+            rows = slice(row, row + s.tokens.shape[0])
+            row = rows.stop
+            outs.append(ForwardOutput(logits[rows], x[rows] if return_hidden else None))
+        return outs
+
+    def _layers(self, tokens: torch.Tensor, positions: torch.Tensor,
+                parts: list[tuple[KVCache, AttentionPlan]], return_queries: bool
+                ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Every layer over the tokens [q] at positions [q], the rows the parts' in turn: the
+        hidden states [q, hidden] and, when asked for, each layer's query of the last row."""
+        cos, sin = self.rotary(positions)
+        x = F.embedding(tokens, self.embed)
+        if self.native is not None:
+            return self.native(x, cos, sin, parts, return_queries)
+        queries = [] if return_queries else None
+        for i, layer in enumerate(self.layers):
+            x, q = layer(x, cos, sin, i, parts, self.attention)
+            if queries is not None:
+                queries.append(q[-1])
+        return x, queries

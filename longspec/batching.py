@@ -1,0 +1,221 @@
+"""Batched verification: several generations stepping together on one model.
+
+Each step, every member drafts its tree; the trees are sized for the batch; one forward
+verifies them all (`Transformer.forward_many`: every row bitwise what it is in its generation's
+own forward, so each member writes what it writes alone); then each member judges and commits
+its own verdict. A generation joins at a step boundary (its prefill runs then) and leaves when
+it is done or dropped. A batch of one steps as a generation alone does (CUDA graphs included).
+
+Sizing for the batch: a step of R rows over the batch's caches costs what the batch's StepCost
+measured (keyed by the members and the rows, at the sum of their contexts); each member in turn
+keeps the prefix of its tree that maximises the batch's expected new tokens per second, the
+others' rows and expected tokens (a plain step's 1 until they choose) counted. A tree's rows
+cost the whole batch a share of its step, so under load speculation shrinks, and a step is
+never sized slower than the batch's plain step (every tree its root alone) is expected to be.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+from . import api
+from .api import Chunk, GenerationResult, Stream
+from .engine import MEASURE_DEPTH, Engine
+from .memory import PeakMemory, upload
+from .sizing import StepCost
+from .tree import DraftTree, TreeTemplate
+
+# generations a batch steps at once, unless told: on 2 CPU cores, 4 concurrent SmolLM2 chat
+# answers (docs/benchmarks/batching.md)
+DEFAULT_MAX_BATCH = 4
+
+
+class Batch:
+    """The streams (api.Stream) of the generations stepping together on one model."""
+
+    def __init__(self, model):
+        self.model = model
+        self.members: list[Stream] = []
+        self._costs: dict[int, StepCost] = {}      # the batch's step costs, by its size
+        self._memory: PeakMemory | None = None     # while it has members
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def join(self, stream: Stream) -> None:
+        """Start the stream's generation (its prefill) and step it with the others from the
+        next step; a generation with nothing left to do ends at once."""
+        if stream.engine.done:
+            stream.end(True)
+            return
+        if self._memory is None:
+            self._memory = PeakMemory(self.model.device).__enter__()
+        try:
+            stream.engine.start(stream.start_ids)
+        except BaseException:
+            if not self.members:
+                self._close_memory()
+            raise
+        self.members.append(stream)
+
+    def leave(self, stream: Stream, finished: bool) -> None:
+        """Drop a member: its generation ends (`finished`) or is stopped where it is."""
+        self.members.remove(stream)
+        engine = stream.engine
+        engine.finish()
+        engine.stats.peak_memory_bytes = self._memory.so_far()
+        stream.end(finished)
+        if not self.members:
+            self._close_memory()
+
+    def _close_memory(self) -> None:
+        self._memory.__exit__(None)
+        self._memory = None
+
+    def close(self) -> None:
+        """Stop every member where it is."""
+        for s in list(self.members):
+            self.leave(s, False)
+
+    def step(self) -> list[tuple[Stream, Chunk]]:
+        """One step of every member: each stream's chunk of new tokens. Members that are done
+        leave."""
+        begin = time.perf_counter()
+        engines = [s.engine for s in self.members]
+        if len(engines) == 1:
+            news = [engines[0].step()]
+        else:
+            news = self._step(engines)
+        seconds = time.perf_counter() - begin
+        out = []
+        for stream, new in zip(list(self.members), news):
+            stream.engine.stats.decode_s += seconds
+            out.append((stream, stream.take(new)))
+            if stream.engine.done:
+                self.leave(stream, True)
+        return out
+
+    def _step(self, engines: list[Engine]) -> list[list[int]]:
+        drafts = [e.draft() for e in engines]
+        trees = self._size(engines, drafts)
+        begin = time.perf_counter()
+        hidden = any(e.drafter.needs_hidden for e in engines)
+        outs = self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)],
+                                           return_hidden=hidden)
+        forward_s = time.perf_counter() - begin
+        verdicts = [e.judge(tree, out) for e, tree, out in zip(engines, trees, outs)]
+        self._cost(engines).observe(sum(t.n for t in trees), time.perf_counter() - begin)
+        news = []
+        for e, tree, (target, verdict) in zip(engines, trees, verdicts):
+            e.stats.verify_forward_s += forward_s
+            news.append(e.commit(tree, target, verdict))
+        return news
+
+    # -- sizing -----------------------------------------------------------------------------------
+
+    def _cost(self, engines: list[Engine]) -> StepCost:
+        n = len(engines)
+        cost = self._costs.get(n)
+        if cost is None:
+            most = sum(e.budget.max_nodes for e in engines)
+            cost = self._costs[n] = StepCost(most, self.model.state.step_costs, generations=n)
+        return cost
+
+    def _size(self, engines: list[Engine], drafts: list[tuple[DraftTree, float]]
+              ) -> list[DraftTree]:
+        """Each member's tree cut for the batch, in turn (see the module's docstring)."""
+        cost = self._cost(engines)
+        if any(e.budget.sizing == "adaptive" for e in engines):
+            cost.refresh(sum(len(e.tokens) for e in engines),
+                         lambda rows: self._measure(engines, rows))
+        drafting = sum(seconds for _, seconds in drafts)
+        rows = [1] * len(engines)
+        gains = [1.0] * len(engines)
+        trees = []
+        for i, (e, (tree, _)) in enumerate(zip(engines, drafts)):
+            others = (sum(gains) - gains[i], sum(rows) - rows[i])
+            tree = e.size(tree, drafting, cost, others)
+            rows[i] = tree.n
+            if tree.scores is not None:
+                gains[i] = sum(e.sizer.calibration.scores(tree))
+            trees.append(tree)
+        return trees
+
+    def _measure(self, engines: list[Engine], rows: int) -> float:
+        """Seconds of a step of the batch over `rows` rows: throwaway trees (shaped as
+        Engine.measure_step's) spread over the members, each within its own budget, their
+        keys in uncommitted slots."""
+        extra = rows - len(engines)
+        trees = []
+        for e in engines:
+            n = 1 + min(extra, e.budget.max_nodes - 1)
+            extra -= n - 1
+            shape = TreeTemplate(n, min(n - 1, MEASURE_DEPTH), e.device).shape
+            trees.append(DraftTree(shape, upload(e.tokens[-1:] * n, e.device)))
+        engines[0]._sync()
+        begin = time.perf_counter()
+        outs = self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)])
+        for e, tree, out in zip(engines, trees, outs):
+            e.sampler.tree_choices(tree, out.logits)[1].tolist()
+        seconds = time.perf_counter() - begin
+        for e in engines:       # each member waited for it
+            e.stats.sizing_s += seconds
+            e.sizer.cost.measuring_s += seconds
+        return seconds
+
+
+def run_batch(model, streams: Iterable[Stream], max_batch: int
+              ) -> Iterator[tuple[Stream, Chunk]]:
+    """Run the streams, at most `max_batch` at a time, in the order given (a stream joins when
+    another leaves): each stream's chunks as its steps commit them (one empty chunk for a
+    stream with nothing left to generate), its `result` set with its last. Closing the
+    iterator stops the members where they are; streams not started are left as they are."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+    waiting = iter(streams)
+    batch = Batch(model)
+    try:
+        more = True
+        while more or batch.members:
+            while more and len(batch) < max_batch:
+                stream = next(waiting, None)
+                if stream is None:
+                    more = False
+                else:
+                    batch.join(stream)
+                    if stream.result is not None:       # it had nothing left to generate
+                        yield stream, Chunk([], "")
+            if batch.members:
+                yield from batch.step()
+    finally:
+        batch.close()
+
+
+def stream_many(model, prompts: Iterable, *, max_batch: int = DEFAULT_MAX_BATCH,
+                **settings) -> Iterator[tuple[int, Chunk]]:
+    """`stream` for several prompts, batched: (the prompt's index, Chunk) as steps commit
+    them, at most `max_batch` generations at a time. The settings are `generate`'s, the same
+    for every prompt; each prompt's tokens are those `generate` gives it alone. A prompt's
+    generation is set up (and its arguments checked) when it joins the batch."""
+    made: dict[int, tuple[int, Stream]] = {}
+    for s, chunk in run_batch(model, _streams(model, prompts, settings, made), max_batch):
+        yield made[id(s)][0], chunk
+
+
+def generate_many(model, prompts: Iterable, *, max_batch: int = DEFAULT_MAX_BATCH,
+                  **settings) -> list[GenerationResult]:
+    """`generate` for several prompts, batched (stream_many): their results, in order."""
+    made: dict[int, tuple[int, Stream]] = {}
+    for _ in run_batch(model, _streams(model, prompts, settings, made), max_batch):
+        pass
+    return [s.result for _, s in sorted(made.values(), key=lambda entry: entry[0])]
+
+
+def _streams(model, prompts: Iterable, settings: dict, made: dict[int, tuple[int, Stream]]
+             ) -> Iterator[Stream]:
+    """A stream per prompt, made as it is asked for and kept in `made` with its index."""
+    for i, prompt in enumerate(prompts):
+        s = api.stream(model, prompt, **settings)
+        made[id(s)] = (i, s)
+        yield s

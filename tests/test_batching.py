@@ -1,0 +1,142 @@
+"""Many generations on one model: batched verification (batching.py) and interleaved streams
+each write exactly what the generation writes alone, for every method, greedy and sampled, in
+float32, bfloat16 and with int4 weights (the compiled layers' path). One forward over several
+generations' trees gives each segment bitwise its forward alone. CI runs this file under every
+kernel profile it can emulate (.ci/run)."""
+
+import itertools
+
+import pytest
+import torch
+from helpers import DEVICE
+from test_lossless import METHODS, OPTIONS, SETTINGS, models, prompts
+
+import longspec
+from longspec.batching import run_batch
+from longspec.cache import StaticCache
+from longspec.models.prefill import prefill
+from longspec.models.transformer import Segment
+from longspec.tree import TreeShape
+
+pytestmark = pytest.mark.usefixtures("costs_that_pay")
+DTYPES = ["float32", "bfloat16", "int4"]
+PROMPTS = ["def merge_sort(items):", "class LRUCache:\n    def __init__(self, size):",
+           "import json\n\ndef load(path):", "for line in open('log.txt'):"]
+
+
+def prefilled(model, context: int, seed: int) -> StaticCache:
+    g = torch.Generator().manual_seed(seed)
+    cache = StaticCache(model.config, context + 80, model.dtype, DEVICE)
+    ids = torch.randint(0, model.config.vocab_size, (context,), generator=g).to(DEVICE)
+    prefill(model.net, ids, cache, 0)
+    return cache
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_forward_over_several_generations_gives_each_its_forward_alone(dtype):
+    target, _ = models(dtype)
+    trees = [[-1], [-1, 0, 1, 2], [-1, 0, 0, 1, 1, 2, 4, 3], [-1, 0, 1]]
+    contexts = [5, 300, 257, 40]
+    g = torch.Generator().manual_seed(0)
+    segments, expected = [], []
+    for k, (parents, context) in enumerate(zip(trees, contexts)):
+        cache = prefilled(target, context, seed=k)
+        shape = TreeShape(parents, torch.device(DEVICE))
+        tokens = torch.randint(0, target.config.vocab_size, (shape.n,), generator=g).to(DEVICE)
+        segment = Segment(tokens, shape.depth + context, cache, shape.mask(target.dtype))
+        expected.append(target.net(segment.tokens, segment.positions, cache, segment.mask,
+                                   return_hidden=True))
+        segments.append(segment)
+    outs = target.net.forward_many(segments, return_hidden=True)
+    for k, (out, alone) in enumerate(zip(outs, expected)):
+        assert torch.equal(out.logits, alone.logits), f"generation {k}'s logits differ"
+        assert torch.equal(out.hidden, alone.hidden), f"generation {k}'s hidden states differ"
+
+
+def method_request(entry: str, prompt: str, setting: str, new_tokens: int, dtype: str,
+                   demo_eagle) -> longspec.Request:
+    _, draft = models(dtype)
+    method = entry.split("[")[0]
+    return longspec.Request(
+        prompt, max_new_tokens=new_tokens, method=method, sampling=SETTINGS[setting], seed=3,
+        ignore_eos=True, options=OPTIONS.get(entry),
+        draft_model=(draft if longspec.METHODS[method].needs_draft_model
+                     or entry == "auto[draft]" else None),
+        heads=demo_eagle if entry in ("eagle", "auto[eagle]") else None)
+
+
+def alone(target, r: longspec.Request) -> list[int]:
+    return longspec.generate(target, r.prompt, max_new_tokens=r.max_new_tokens, method="ar",
+                             sampling=r.sampling, seed=r.seed, ignore_eos=True).token_ids
+
+
+def check_batched(dtype: str, setting: str, new_tokens: int, max_batch: int,
+                  demo_eagle) -> None:
+    """Every method in one batch (a generation joining as another leaves), each prompt in
+    turn, against `ar` alone."""
+    target, _ = models(dtype)
+    texts = itertools.cycle([prompts()["tqdm"][:400], *PROMPTS])
+    requests = [method_request(entry, next(texts), setting, new_tokens, dtype, demo_eagle)
+                for entry in METHODS]
+    streams = [longspec.api.stream_request(target, r) for r in requests]
+    for _ in run_batch(target, streams, max_batch):
+        pass
+    for entry, request, s in zip(METHODS, requests, streams):
+        assert s.result.token_ids == alone(target, request), f"{entry} differs"
+        assert s.result.finish_reason == "length"
+    assert any(s.result.stats["accepted_draft_tokens"] for s in streams)
+
+
+@pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
+def test_every_method_in_a_batch_writes_what_it_writes_alone(setting, demo_eagle):
+    check_batched("float32", setting, 48, 5, demo_eagle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "int4"])
+@pytest.mark.parametrize("setting", ["greedy", "sampling_top_p"])
+def test_every_method_in_a_batch_writes_what_it_writes_alone_in(dtype, setting, demo_eagle):
+    check_batched(dtype, setting, 128, 6, demo_eagle)
+
+
+def test_the_fast_tier_batches_bfloat16_and_int4_too(demo_eagle):
+    check_batched("int4", "sampling_top_p", 32, 14, demo_eagle)
+
+
+@pytest.mark.parametrize("method", ["auto", "recycling", "suffix"])
+def test_two_streams_interleaved_on_one_model_each_write_what_they_write_alone(method):
+    target, _ = models("float32")
+    settings = {"max_new_tokens": 64, "method": method, "ignore_eos": True, "seed": 1,
+                "sampling": SETTINGS["sampling_min_p_penalty"]}
+    first = longspec.stream(target, PROMPTS[0], **settings)
+    second = longspec.stream(target, PROMPTS[1], **settings)
+    for a, b in itertools.zip_longest(first, second):
+        pass
+    for s, prompt in ((first, PROMPTS[0]), (second, PROMPTS[1])):
+        expect = longspec.generate(target, prompt, **{**settings, "method": "ar"}).token_ids
+        assert s.result.token_ids == expect
+
+
+def test_generate_many_keeps_the_prompts_order_and_stream_many_names_each_chunk():
+    target, _ = models("float32")
+    settings = {"max_new_tokens": 24, "ignore_eos": True, "seed": 2,
+                "sampling": SETTINGS["sampling_top_p"]}
+    results = longspec.generate_many(target, PROMPTS, max_batch=3, **settings)
+    expect = [longspec.generate(target, p, **settings).token_ids for p in PROMPTS]
+    assert [r.token_ids for r in results] == expect
+    got: dict[int, list[int]] = {}
+    for index, chunk in longspec.stream_many(target, PROMPTS, max_batch=2, **settings):
+        got.setdefault(index, []).extend(chunk.token_ids)
+    assert [got[i] for i in range(len(PROMPTS))] == expect
+
+
+def test_a_batch_needs_room_for_one_generation():
+    target, _ = models("float32")
+    with pytest.raises(ValueError, match="max_batch must be at least 1"):
+        longspec.generate_many(target, PROMPTS, max_batch=0, max_new_tokens=4)
+
+
+def test_a_bad_prompt_is_refused_when_it_joins_with_the_fix():
+    target, _ = models("float32")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        longspec.generate_many(target, PROMPTS, max_new_tokens=0)
