@@ -25,7 +25,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def guarded(model):
-    with ServerThread(model, ServeConfig("demo", api_key=KEY, max_queue=1)) as s:
+    with ServerThread(model, ServeConfig("demo", api_key=KEY, max_queue=1, max_batch=1)) as s:
         yield s
 
 

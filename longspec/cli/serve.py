@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from .flags import load_from_args, load_optional, model_flags
 
@@ -24,8 +25,11 @@ def add_parser(sub) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                    help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV})")
+    s.add_argument("--max-batch", type=int, default=defaults.max_batch,
+                   help="generations run together, their drafts verified in one forward "
+                   "(default: %(default)s)")
     s.add_argument("--max-queue", type=int, default=defaults.max_queue,
-                   help="requests that may wait while one runs; more get 503 (default: "
+                   help="requests that may wait while a batch runs; more get 503 (default: "
                    "%(default)s)")
     s.add_argument("--request-timeout", type=float, default=defaults.request_timeout,
                    help="seconds from a request's arrival to its last token (default: "
@@ -57,7 +61,8 @@ def run(args) -> int:
     from ..serve import ServeConfig, create_app
 
     get_method(args.method)
-    for flag, value, low in (("--max-queue", args.max_queue, 1),
+    for flag, value, low in (("--max-batch", args.max_batch, 1),
+                             ("--max-queue", args.max_queue, 1),
                              ("--default-max-tokens", args.default_max_tokens, 1)):
         if value < low:
             raise ValueError(f"{flag} must be at least {low}, got {value}")
@@ -68,14 +73,24 @@ def run(args) -> int:
     if not _loopback(args.host) and args.api_key is None:
         print(f"longspec: warning: serving on {args.host} with no --api-key: anyone who can "
               "reach it can use it", file=sys.stderr)
-    model = load_from_args(args.model, args)
+    model, draft = _load_on_own_thread(args)
     config = ServeConfig(model_name=args.served_model_name or args.model, method=args.method,
-                         api_key=args.api_key, max_queue=args.max_queue,
+                         api_key=args.api_key, max_batch=args.max_batch,
+                         max_queue=args.max_queue,
                          request_timeout=args.request_timeout,
                          default_max_tokens=args.default_max_tokens,
-                         draft_model=load_optional(args.draft_model, args),
-                         heads=args.heads)
+                         draft_model=draft, heads=args.heads)
     # on Ctrl-C, open streams get a few seconds, then are cut (and their generations stopped)
     uvicorn.run(create_app(model, config), host=args.host, port=args.port,
                 log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
+
+
+def _load_on_own_thread(args) -> tuple:
+    """The model and the draft model, loaded on a thread that then ends, its OpenMP threads with
+    it: the server's worker thread is then the only one running the model (serve/worker.py)."""
+    def load() -> tuple:
+        return load_from_args(args.model, args), load_optional(args.draft_model, args)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="longspec-load") as pool:
+        return pool.submit(load).result()

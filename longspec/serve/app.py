@@ -42,7 +42,8 @@ class Server:
         self.model = model
         self.config = config
         self.metrics = metrics
-        self.worker = Worker(config.max_queue, on_result=metrics.observe_generation)
+        self.worker = Worker(config.max_queue, on_result=metrics.observe_generation,
+                             max_batch=config.max_batch)
         metrics.queue.set_function(self.worker.waiting)
 
     # -- a request's settings -------------------------------------------------------------------
@@ -95,7 +96,8 @@ class Server:
             "prediction": prediction}
 
     def open(self, prompt, settings: dict) -> Stream:
-        """longspec's checks and the engine, built; nothing runs (called off the event loop)."""
+        """longspec's checks and the engine, built; nothing runs (called on the worker's
+        thread, where everything that runs the model runs)."""
         if settings["max_new_tokens"] is None:
             used = len(encode_prompt(self.model, prompt))
             room = self.model.config.context_limit - used
@@ -110,7 +112,7 @@ class Server:
         if self.worker.queue.full():        # refuse before building anything (checked again)
             raise self.queue_full()
         try:
-            s = await asyncio.to_thread(self.open, prompt, settings)
+            s = await asyncio.wrap_future(self.worker.call(lambda: self.open(prompt, settings)))
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e)) from None
         job = Job(s, arrived + self.config.request_timeout, asyncio.get_running_loop())
@@ -262,7 +264,7 @@ def create_app(model: Model, config: ServeConfig) -> FastAPI:
     @app.get("/health")
     async def health():
         return {"status": "ok", "waiting": server.worker.waiting(),
-                "running": server.worker.current is not None,
+                "running": len(server.worker.running),
                 "speculation": speculation,
                 "kernel_profile": profile}
 

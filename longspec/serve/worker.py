@@ -1,10 +1,12 @@
-"""One generation at a time per model: a single worker thread runs queued generations in FIFO
-order, and the asyncio side only waits for what they commit.
+"""The generations of the server: one worker thread steps up to `max_batch` of them together
+(batching.py: one forward verifies every member's tree), and the asyncio side only waits for
+what they commit.
 
-The queue is bounded (a full one is refused at once, never waited on). A job carries a deadline
-and a cancel flag; the worker looks at both after every engine step, so a client that leaves or
-runs out of time stops its generation within one step and the next job starts at once. A step
-itself (and a prefill) is not interrupted.
+Queued jobs join the batch, in arrival order, at a step boundary while it has room; each leaves
+when its generation ends. The queue is bounded (a full one is refused at once, never waited
+on). A job carries a deadline and a cancel flag; the worker looks at both after every step, so
+a client that leaves or runs out of time stops its generation within one step and a waiting
+job takes its place. A step itself (and a joining job's prefill) is not interrupted.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..api import GenerationResult, Stream
+from ..batching import Batch
 
 log = logging.getLogger("longspec.serve")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,13 +71,26 @@ class Job:
 
 
 class Worker:
-    def __init__(self, max_queue: int, on_result: Callable[[GenerationResult], None]):
+    """The thread that runs every generation of the server, and every other piece of work
+    that runs the model (`call`): a process's CPU kernels run several times slower on a thread
+    when another thread has a team of OpenMP threads too (SmolLM2: 16 ms a step against 3.9),
+    so one thread does all of it."""
+
+    def __init__(self, max_queue: int, on_result: Callable[[GenerationResult], None],
+                 max_batch: int = 1):
         if max_queue < 1:
             raise ValueError(f"the queue must hold at least 1 request, got {max_queue}")
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        if max_batch < 1:
+            raise ValueError(f"a batch must hold at least 1 generation, got {max_batch}")
+        self.queue: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self.on_result = on_result
-        self.current: Job | None = None
+        self.max_batch = max_batch
+        self.running: list[Job] = []     # the jobs in the batch (read by other threads)
         self.mean_job_s = 1.0            # moving average of a job's run time (for Retry-After)
+        self._began: dict[int, float] = {}       # by id(job): when it joined
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()    # (function, Future)
+        self._wake = threading.Event()
+        self._stopping = False
         self.thread = threading.Thread(target=self._loop, name="longspec-generate", daemon=True)
         self.thread.start()
 
@@ -83,57 +102,122 @@ class Worker:
             self.queue.put_nowait(job)
         except queue.Full:
             raise QueueFull from None
+        self._wake.set()
+
+    def call(self, function: Callable[[], T]) -> Future[T]:
+        """Run `function` on the worker thread, at the next step boundary."""
+        future: Future[T] = Future()
+        self._calls.put((function, future))
+        self._wake.set()
+        return future
 
     def retry_after_s(self) -> int:
-        """A guess of when a slot frees up: the queue drains one mean job at a time."""
-        return max(1, min(600, round(self.mean_job_s * (1 + self.waiting()))))
+        """A guess of when a slot frees up: the queue drains max_batch mean jobs at a time."""
+        rounds = 1 + self.waiting() // self.max_batch
+        return max(1, min(600, round(self.mean_job_s * rounds)))
 
     def stop(self) -> None:
-        """Stop the current job, drop the queued ones, end the thread."""
-        if self.current is not None:
-            self.current.cancel()
+        """Stop the running jobs, drop the queued ones, end the thread."""
+        self._stopping = True
+        for job in list(self.running):
+            job.cancel()
         while True:
             try:
                 job = self.queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
-                job.cancel()
-                job.stream.close()
-                job.emit(Finished(None))
-        self.queue.put(None)
+            job.cancel()
+            job.stream.close()
+            job.emit(Finished(None))
+        self._wake.set()
         self.thread.join(timeout=30)
 
-    def _loop(self) -> None:
-        while (job := self.queue.get()) is not None:
-            self.current = job
-            begin = time.monotonic()
-            self._run(job)
-            self.current = None
-            self.mean_job_s = 0.8 * self.mean_job_s + 0.2 * (time.monotonic() - begin)
+    # -- the worker thread ----------------------------------------------------------------------
 
-    def _run(self, job: Job) -> None:
-        stream, timed_out, error = job.stream, False, None
-        job.started = True
+    def _loop(self) -> None:
+        batch: Batch | None = None
         try:
-            if job.expired() and not job.cancelled:
-                timed_out = True
-            elif not job.cancelled:
-                for chunk in stream:
-                    job.emit(chunk)
-                    if stream.engine.done:
-                        continue        # that was the last chunk: let the stream finish
-                    if job.cancelled:
+            while not self._stopping or self.running:
+                self._run_calls()
+                while len(self.running) < self.max_batch and not self._stopping:
+                    try:
+                        job = self.queue.get_nowait()
+                    except queue.Empty:
                         break
-                    if job.expired():
-                        timed_out = True
-                        break
+                    if batch is None:
+                        batch = Batch(job.stream.model)
+                    self._admit(batch, job)
+                if self.running:
+                    self._step(batch)
+                elif not self._stopping:
+                    self._wake.wait()       # nothing to step: until a job or a call comes
+                    self._wake.clear()
+        finally:
+            if batch is not None:
+                batch.close()
+            while not self._calls.empty():
+                _, future = self._calls.get()
+                future.set_exception(RuntimeError("the server is shutting down"))
+
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            function, future = self._calls.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function())
+                except Exception as e:  # noqa: BLE001 (handed to the caller)
+                    future.set_exception(e)
+
+    def _admit(self, batch: Batch, job: Job) -> None:
+        """Start a job's generation in the batch, or end it at once (cancelled or expired
+        while it waited, failed at its prefill, or with nothing left to generate)."""
+        job.started = True
+        if job.cancelled or job.expired():
+            job.stream.close()
+            job.emit(Finished(job.stream.result if not job.cancelled else None,
+                              timed_out=not job.cancelled))
+            return
+        self._began[id(job)] = time.monotonic()
+        try:
+            batch.join(job.stream)
         except Exception as e:      # a failed generation must not take the worker down
             log.exception("generation failed")
-            error = f"{type(e).__name__}: {e}"
-        finally:
-            stream.close()
-            result = stream.result
-            if result is not None and result.stats.get("steps"):
-                self.on_result(result)
-            job.emit(Finished(result, timed_out, error))
+            job.stream.close()
+            self._end(job, error=f"{type(e).__name__}: {e}")
+            return
+        if job.stream.result is not None:       # it had nothing left to generate
+            self._end(job)
+        else:
+            self.running.append(job)
+
+    def _step(self, batch: Batch) -> None:
+        by_stream = {id(job.stream): job for job in self.running}
+        try:
+            chunks = batch.step()
+        except Exception as e:      # the batch's members stop; the worker goes on
+            log.exception("generation failed")
+            for job in list(self.running):
+                batch.leave(job.stream, False)
+                self.running.remove(job)
+                self._end(job, error=f"{type(e).__name__}: {e}")
+            return
+        for stream, chunk in chunks:
+            job = by_stream[id(stream)]
+            job.emit(chunk)
+            if stream.result is not None:       # its generation ended: it left the batch
+                self.running.remove(job)
+                self._end(job)
+        for job in list(self.running):
+            if job.cancelled or job.expired():
+                batch.leave(job.stream, False)
+                self.running.remove(job)
+                self._end(job, timed_out=not job.cancelled)
+
+    def _end(self, job: Job, timed_out: bool = False, error: str | None = None) -> None:
+        began = self._began.pop(id(job), None)
+        if began is not None:
+            self.mean_job_s = 0.8 * self.mean_job_s + 0.2 * (time.monotonic() - began)
+        result = job.stream.result
+        if result is not None and result.stats.get("steps"):
+            self.on_result(result)
+        job.emit(Finished(result, timed_out, error))
