@@ -5,17 +5,17 @@ An input line is a JSON object: "prompt" (text or token ids) or "messages" (chat
 "id" (by default the line's number, from 1), and optional settings of its own (LINE_SETTINGS)
 over the job's. Every line is read and checked before the first generation.
 
-An output line, written whole (one write, then fsync) when its generation ends: {"id", "text",
-"token_ids", "finish_reason", "usage"} (usage: prompt_tokens, completion_tokens, and with a
-prediction its accepted and rejected tokens). Nothing in it depends on the run's timing, so an
-interrupted job run again writes the same file as an uninterrupted one; the speed of each line
-goes to stderr. On a restart the lines already in the output are kept and skipped (a line torn
-by a kill mid-write is cut off first); the generation that was under way continues from
-OUT.longspec.json, the sidecar `generate --output` keeps, whose token ids are the truth: it
-ends with exactly the tokens of an uninterrupted run. A sidecar written with other settings is
-refused, naming the one that differs.
-
-Generations run one at a time (batched verification of several is not built yet).
+Lines run as one batch (batching.py), up to max_batch at a time, a line joining as another
+ends. An output line, written whole (one write, then fsync) once it and every line before it
+have ended: {"id", "text", "token_ids", "finish_reason", "usage"} (usage: prompt_tokens,
+completion_tokens, and with a prediction its accepted and rejected tokens). Nothing in it
+depends on the run's timing, so an interrupted job run again writes the same file as an
+uninterrupted one; the speed of each line goes to stderr. Each line under way keeps a sidecar,
+OUT.lineN.longspec.json (N its number in the input), whose token ids are the truth: on a
+restart the lines already in the output are kept and skipped (a line torn by a kill mid-write is
+cut off first), and the lines under way continue from their sidecars, ending with exactly the
+tokens of an uninterrupted run (a line that had ended, waiting for those before it, ends at
+once). A sidecar written with other settings is refused, naming the one that differs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .api import GenerationResult, stream_request
+from .api import GenerationResult, Stream, stream_request
+from .batching import DEFAULT_MAX_BATCH
+from .batching import run_batch as run_batch_streams
 from .drafters import check_arguments, get_method
 from .models.loader import Model
 from .request import Request, checked_settings, encode_prompt
@@ -121,34 +123,75 @@ def finished_ids(out: Path) -> list[str]:
     return ids
 
 
+def line_sidecar(out: Path, number: int) -> Path:
+    """The sidecar of the input's line `number` (from 1) while it is under way."""
+    return sidecar_path(f"{out}.line{number}")
+
+
 def run_batch(model: Model, lines: list[Line], out: str | Path, progress: bool = True,
-              checkpoint_every: float = 0.5) -> Iterator[dict]:
-    """Generate each line not yet in `out`, appending its result there; yields the results
-    written by this call, in order."""
+              checkpoint_every: float = 0.5, max_batch: int = DEFAULT_MAX_BATCH
+              ) -> Iterator[dict]:
+    """Generate each line not yet in `out`, at most `max_batch` at a time (batching.py),
+    appending the results there in input order; yields the results written by this call."""
     out = Path(out)
     todo = pending(lines, out)
-    side = sidecar_path(out)
-    for k, line in enumerate(todo, len(lines) - len(todo) + 1):
-        if progress:
-            print(f"longspec batch: line {k} of {len(lines)} (id {line.id})", file=sys.stderr)
-        result, stats = _run_line(model, line, out, side, progress, checkpoint_every)
-        if progress:
-            print(f"longspec batch: line {k} done: {stats['new_tokens']} tokens at "
-                  f"{stats['tokens_per_s']:.1f} tokens/s, "
-                  f"{stats['mean_accepted_length']:.2f} a step", file=sys.stderr)
-        yield result
-    side.unlink(missing_ok=True)
+    done = len(lines) - len(todo)
+    for number in range(1, done + 1):     # a kill between a line's write and its cleanup
+        line_sidecar(out, number).unlink(missing_ok=True)
+    under_way: dict[int, tuple[int, Checkpoints, list[int]]] = {}   # by id(stream)
+
+    def streams() -> Iterator[Stream]:
+        for number, line in enumerate(todo, done + 1):
+            s, checkpoints, token_ids = _open_line(model, line, line_sidecar(out, number),
+                                                   checkpoint_every)
+            under_way[id(s)] = (number, checkpoints, token_ids)
+            yield s
+
+    ready: dict[int, tuple[dict, Stream]] = {}
+    following = done + 1          # the next line to write
+    chunks = run_batch_streams(model, streams(), max_batch)
+    try:
+        for s, chunk in chunks:
+            number, checkpoints, token_ids = under_way[id(s)]
+            token_ids.extend(chunk.token_ids)
+            if s.result is None:
+                checkpoints.update(token_ids)
+                continue
+            res = s.result          # the whole generation, the resumed tokens included
+            checkpoints.finish(res.token_ids, res.finish_reason)
+            ready[number] = (result_line(lines[number - 1].id, res), s)
+            while following in ready:
+                result, finished = ready.pop(following)
+                append_line(out, result)
+                line_sidecar(out, following).unlink(missing_ok=True)
+                if progress:
+                    _report(following, len(lines), result["id"], finished.result.stats)
+                following += 1
+                yield result
+    except KeyboardInterrupt:
+        for _, checkpoints, token_ids in under_way.values():
+            checkpoints.update(token_ids, force=True)  # what was made is kept for a restart
+        raise
+    finally:
+        chunks.close()
 
 
-def _run_line(model: Model, line: Line, out: Path, side: Path, progress: bool,
-              every_s: float) -> tuple[dict, dict]:
-    """The line's result, once written to `out`, and its generation's stats."""
+def _report(number: int, total: int, line_id: str, stats: dict) -> None:
+    print(f"longspec batch: line {number} of {total} done (id {line_id}): "
+          f"{stats['new_tokens']} tokens at {stats['tokens_per_s']:.1f} tokens/s, "
+          f"{stats['mean_accepted_length']:.2f} a step", file=sys.stderr)
+
+
+def _open_line(model: Model, line: Line, side: Path, every_s: float
+               ) -> tuple[Stream, Checkpoints, list[int]]:
+    """The line's stream, resumed from its sidecar when one was left, with its checkpoints
+    and the token ids it has so far."""
     r = line.request
     settings = {**run_settings(model, r), "batch_id": line.id}
     prompt_ids = encode_prompt(model, r.prompt)
     record = read_record(side)
     resumed = None
-    if record is not None and record.settings.get("batch_id") == line.id:
+    if record is not None:
         diff = setting_difference(record.settings, settings)
         if diff is None and record.prompt_ids != prompt_ids:
             diff = "another prompt (its token ids differ)"
@@ -158,21 +201,10 @@ def _run_line(model: Model, line: Line, out: Path, side: Path, progress: bool,
                              "over")
         resumed = list(record.token_ids)
     checkpoints = Checkpoints(side, RunRecord(settings, prompt_ids, resumed or [], 0), every_s)
-    s = stream_request(model, replace(r, resume_from=resumed), progress)
+    s = stream_request(model, replace(r, resume_from=resumed))
     token_ids = list(resumed or [])
     checkpoints.update(token_ids, force=True)
-    try:
-        for chunk in s:
-            token_ids.extend(chunk.token_ids)
-            checkpoints.update(token_ids)
-    except KeyboardInterrupt:
-        checkpoints.update(token_ids, force=True)     # what was made is kept for a restart
-        raise
-    res = s.result          # the whole generation, the resumed tokens included
-    result = result_line(line.id, res)
-    append_line(out, result)
-    checkpoints.finish(res.token_ids, res.finish_reason)
-    return result, res.stats
+    return s, checkpoints, token_ids
 
 
 def result_line(line_id: str, res: GenerationResult) -> dict:

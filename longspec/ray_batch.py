@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .batch import Line, append_line, pending, result_line
-from .sidecar import sidecar_path
+from .batch import Line, append_line, line_sidecar, pending, result_line
 
 LOCAL = "local"     # --ray local: start a Ray instance on this machine for the job
 
@@ -85,7 +84,8 @@ def run_batch_ray(address: str, actors: int, model_args: dict, draft_args: dict 
                     print(f"longspec batch: line {done} of {len(lines)} done (id "
                           f"{result['id']}, {len(result['token_ids'])} tokens)", file=sys.stderr)
                 yield result
-        sidecar_path(out).unlink(missing_ok=True)    # a run without Ray's, now finished
+        for number in range(1, len(lines) + 1):    # those of a run without Ray, now finished
+            line_sidecar(out, number).unlink(missing_ok=True)
     finally:
         if started:
             ray.shutdown()

@@ -12,10 +12,9 @@ import time
 import pytest
 
 import longspec
-from longspec.batch import read_lines, run_batch
+from longspec.batch import line_sidecar, read_lines, run_batch
 from longspec.cli import main
 from longspec.request import Request
-from longspec.sidecar import sidecar_path
 
 LINES = [{"prompt": "def parse(text):\n"},
          {"id": "imports", "prompt": "import os\n", "temperature": 0, "max_new_tokens": 24},
@@ -69,26 +68,39 @@ def ref_prompt_tokens(model, line):
     return len(longspec.request.encode_prompt(model, line["prompt"]))
 
 
+def sidecars(out) -> list:
+    return sorted(out.parent.glob(out.name + ".line*"))
+
+
 def test_a_finished_job_run_again_writes_nothing(tmp_path, reference):
     out = tmp_path / "out.jsonl"
     out.write_text(reference)
     assert batch(write_prompts(tmp_path / "prompts.jsonl"), out) == 0
-    assert out.read_text() == reference and not sidecar_path(out).exists()
+    assert out.read_text() == reference and not sidecars(out)
 
 
-def test_killed_then_run_again_equals_the_uninterrupted_run(tmp_path, reference):
+# (--max-batch, the line whose sidecar is watched, the tokens it has when the job is killed):
+# inside the third line, which joined the batch as the second ended; and once the line
+# "imports" (24 tokens) ended, before the first line, which is written first, has
+KILLS = [(2, 3, 10), (4, 2, 24)]
+
+
+@pytest.mark.parametrize("max_batch,line,tokens", KILLS)
+def test_killed_then_run_again_equals_the_uninterrupted_run(tmp_path, reference, max_batch,
+                                                            line, tokens):
     prompts, out = write_prompts(tmp_path / "prompts.jsonl"), tmp_path / "out.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "longspec.cli", "batch", ARGS[0], str(prompts),
-                             "--out", str(out), *ARGS[1:], "--checkpoint-every", "0"],
+                             "--out", str(out), *ARGS[1:], "--checkpoint-every", "0",
+                             "--max-batch", str(max_batch)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    side, end = sidecar_path(out), time.monotonic() + 120
-    while time.monotonic() < end:      # kill inside the third line's generation
+    side, end = line_sidecar(out, line), time.monotonic() + 120
+    while time.monotonic() < end:      # kill inside the line's generation, or once it ended
         try:
             record = json.loads(side.read_text()) if side.exists() else None
         except json.JSONDecodeError:
             pytest.fail("a torn sidecar was read: writes must be atomic")
-        if record and record["settings"]["batch_id"] == "3" and len(record["token_ids"]) >= 10:
+        if record and len(record["token_ids"]) >= tokens:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             break
@@ -96,12 +108,12 @@ def test_killed_then_run_again_equals_the_uninterrupted_run(tmp_path, reference)
         time.sleep(0.005)
     else:
         proc.kill()
-        pytest.fail("the job did not reach its third line")
-    assert len(out.read_text().splitlines()) == 2
+        pytest.fail(f"the job did not reach {tokens} tokens of line {line}")
+    assert len(out.read_text().splitlines() if out.exists() else []) < len(LINES)
     with open(out, "a") as f:
         f.write('{"id": "3", "te')        # as a kill in the middle of a line's write leaves it
     assert batch(prompts, out) == 0
-    assert out.read_text() == reference and not side.exists()
+    assert out.read_text() == reference and not sidecars(out)
 
 
 def test_bad_input_is_refused_naming_the_line(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..batching import DEFAULT_MAX_BATCH
 from ..models.sources import BUNDLED
 from .flags import (
     check_writable,
@@ -23,17 +24,20 @@ def add_parser(sub) -> None:
                        "temperature, top_p, top_k, min_p, eta, penalty, penalty_window) over "
                        "the flags'. Results go to --out, a JSON line each, in order. Run the "
                        "same command again after an interruption (a kill included): finished "
-                       "lines are kept, the one under way continues token-identically.")
+                       "lines are kept, those under way continue token-identically.")
     g.add_argument("model", help="checkpoint directory, .gguf file, Hub id or bundled name "
                    f"({', '.join(BUNDLED)})")
     g.add_argument("prompts", help="the JSONL file of prompts")
-    g.add_argument("--out", required=True, help="the JSONL file of results (appended to; its "
-                   "sidecar OUT.longspec.json holds the line under way)")
+    g.add_argument("--out", required=True, help="the JSONL file of results (appended to; the "
+                   "sidecars OUT.lineN.longspec.json hold the lines under way)")
     g.add_argument("--max-new-tokens", type=int, default=256)
     method_flags(g)
     sampling_flags(g)
     model_flags(g)
     g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+    g.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
+                   help="lines generated together, their drafts verified in one forward "
+                   "(default %(default)s)")
     g.add_argument("--checkpoint-every", type=float, default=0.5, metavar="SECONDS",
                    help="at most how often the sidecar is rewritten (default 0.5)")
     g.add_argument("--no-progress", action="store_true", help="no progress on stderr")
@@ -60,6 +64,8 @@ def run(args) -> int:
 
     _, options = method_from_args(args)
     check_writable(args.out, "--out")
+    if args.max_batch < 1:
+        raise ValueError(f"--max-batch must be at least 1, got {args.max_batch}")
     job = Request(None, max_new_tokens=args.max_new_tokens, method=args.method,
                   sampling=sampling_from_args(args), seed=args.seed, heads=args.heads,
                   ignore_eos=args.ignore_eos, verify=args.verify, options=options)
@@ -71,7 +77,7 @@ def run(args) -> int:
     if draft is not None:
         lines = [Line(line.id, replace(line.request, draft_model=draft)) for line in lines]
     for _ in run_batch(model, lines, args.out, progress=not args.no_progress,
-                       checkpoint_every=args.checkpoint_every):
+                       checkpoint_every=args.checkpoint_every, max_batch=args.max_batch):
         pass
     return 0
 
