@@ -6,12 +6,14 @@ own forward, so each member writes what it writes alone); then each member judge
 its own verdict. A generation joins at a step boundary (its prefill runs then) and leaves when
 it is done or dropped. A batch of one steps as a generation alone does (CUDA graphs included).
 
-Sizing for the batch: a step of R rows over the batch's caches costs what the batch's StepCost
-measured (keyed by the members and the rows, at the sum of their contexts); each member in turn
-keeps the prefix of its tree that maximises the batch's expected new tokens per second, the
-others' rows and expected tokens (a plain step's 1 until they choose) counted. A tree's rows
-cost the whole batch a share of its step, so under load speculation shrinks, and a step is
-never sized slower than the batch's plain step (every tree its root alone) is expected to be.
+Sizing for the batch: a step of R rows over the batch's caches costs its plain step plus what
+the rows past one a member add (BatchCost, measured); each member in turn keeps the prefix of
+its tree that maximises the batch's expected new tokens per second, the others' rows and
+expected tokens (a plain step's 1 until they choose) counted. A tree's rows cost the whole batch
+a share of its step, so under load speculation shrinks, and a step is never sized slower than
+the batch's plain step (every tree its root alone) is expected to be. Whether to draft at all is
+each drafter's own measure (auto's gate), of its proposal's seconds and its share of the rest
+(TargetOutput.seconds: the forward split by rows).
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from collections.abc import Iterable, Iterator
 
 from . import api
 from .api import Chunk, GenerationResult, Stream
-from .engine import MEASURE_DEPTH, Engine
-from .memory import PeakMemory, upload
+from .engine import Engine
+from .memory import PeakMemory
 from .sizing import StepCost
-from .tree import DraftTree, TreeTemplate
+from .tree import DraftTree
 
 # generations a batch steps at once, unless told: on 2 CPU cores, 4 concurrent SmolLM2 chat
 # answers (docs/benchmarks/batching.md)
@@ -37,7 +39,7 @@ class Batch:
     def __init__(self, model):
         self.model = model
         self.members: list[Stream] = []
-        self._costs: dict[int, StepCost] = {}      # the batch's step costs, by its size
+        self._plain: dict[int, StepCost] = {}      # its plain step's cost, by its members
         self._memory: PeakMemory | None = None     # while it has members
 
     def __len__(self) -> int:
@@ -98,14 +100,17 @@ class Batch:
 
     def _step(self, engines: list[Engine]) -> list[list[int]]:
         drafts = [e.draft() for e in engines]
-        trees = self._size(engines, drafts)
+        trees, sizing = self._size(engines, drafts)
         begin = time.perf_counter()
         hidden = any(e.drafter.needs_hidden for e in engines)
         outs = self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)],
                                            return_hidden=hidden)
         forward_s = time.perf_counter() - begin
-        verdicts = [e.judge(tree, out) for e, tree, out in zip(engines, trees, outs)]
-        self._cost(engines).observe(sum(t.n for t in trees), time.perf_counter() - begin)
+        rows = sum(t.n for t in trees)
+        # each member's part of the step: its sizing, its rows' share of the forward
+        verdicts = [e.judge(tree, out, seconds + forward_s * tree.n / rows)
+                    for e, tree, out, seconds in zip(engines, trees, outs, sizing)]
+        self._cost(engines).observe(rows, time.perf_counter() - begin)
         news = []
         for e, tree, (target, verdict) in zip(engines, trees, verdicts):
             e.stats.verify_forward_s += forward_s
@@ -114,55 +119,90 @@ class Batch:
 
     # -- sizing -----------------------------------------------------------------------------------
 
-    def _cost(self, engines: list[Engine]) -> StepCost:
+    def _cost(self, engines: list[Engine]) -> BatchCost:
         n = len(engines)
-        cost = self._costs.get(n)
-        if cost is None:
-            most = sum(e.budget.max_nodes for e in engines)
-            cost = self._costs[n] = StepCost(most, self.model.state.step_costs, generations=n)
-        return cost
+        plain = self._plain.get(n)
+        if plain is None:
+            plain = self._plain[n] = StepCost(n, self.model.state.step_costs, generations=n)
+        # the member whose trees may be largest measures what rows add
+        widest = max(engines, key=lambda e: e.budget.max_nodes)
+        return BatchCost(plain, widest.sizer.cost)
 
     def _size(self, engines: list[Engine], drafts: list[tuple[DraftTree, float]]
-              ) -> list[DraftTree]:
-        """Each member's tree cut for the batch, in turn (see the module's docstring)."""
+              ) -> tuple[list[DraftTree], list[float]]:
+        """Each member's tree cut for the batch, in turn (see the module's docstring), and the
+        seconds each one's sizing took (timing steps for it left out)."""
         cost = self._cost(engines)
         if any(e.budget.sizing == "adaptive" for e in engines):
-            cost.refresh(sum(len(e.tokens) for e in engines),
-                         lambda rows: self._measure(engines, rows))
+            cost.plain.refresh(sum(len(e.tokens) for e in engines),
+                               lambda _: self._waited(engines, self._measure(engines)))
+            widest = max(engines, key=lambda e: e.budget.max_nodes)
+            waiting = [e for e in engines if e is not widest]
+            cost.extra.refresh(len(widest.tokens),
+                               lambda rows: self._waited(waiting, widest.measure_step(rows)))
         drafting = sum(seconds for _, seconds in drafts)
         rows = [1] * len(engines)
         gains = [1.0] * len(engines)
-        trees = []
+        trees, seconds = [], []
         for i, (e, (tree, _)) in enumerate(zip(engines, drafts)):
+            begin, measuring = time.perf_counter(), cost.measuring_s
             others = (sum(gains) - gains[i], sum(rows) - rows[i])
             tree = e.size(tree, drafting, cost, others)
             rows[i] = tree.n
             if tree.scores is not None:
                 gains[i] = sum(e.sizer.calibration.scores(tree))
             trees.append(tree)
-        return trees
+            seconds.append(time.perf_counter() - begin - (cost.measuring_s - measuring))
+        return trees, seconds
 
-    def _measure(self, engines: list[Engine], rows: int) -> float:
-        """Seconds of a step of the batch over `rows` rows: throwaway trees (shaped as
-        Engine.measure_step's) spread over the members, each within its own budget, their
-        keys in uncommitted slots."""
-        extra = rows - len(engines)
-        trees = []
+    @staticmethod
+    def _waited(engines: list[Engine], seconds: float) -> float:
+        """A timing step's seconds, which these members waited for (their sizing_s)."""
         for e in engines:
-            n = 1 + min(extra, e.budget.max_nodes - 1)
-            extra -= n - 1
-            shape = TreeTemplate(n, min(n - 1, MEASURE_DEPTH), e.device).shape
-            trees.append(DraftTree(shape, upload(e.tokens[-1:] * n, e.device)))
+            e.stats.sizing_s += seconds
+        return seconds
+
+    def _measure(self, engines: list[Engine]) -> float:
+        """Seconds of the batch's plain step (every member's root alone), its keys in
+        uncommitted slots."""
+        trees = [DraftTree.chain(e.tokens[-1:], e.device) for e in engines]
         engines[0]._sync()
         begin = time.perf_counter()
         outs = self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)])
         for e, tree, out in zip(engines, trees, outs):
             e.sampler.tree_choices(tree, out.logits)[1].tolist()
-        seconds = time.perf_counter() - begin
-        for e in engines:       # each member waited for it
-            e.stats.sizing_s += seconds
-            e.sizer.cost.measuring_s += seconds
-        return seconds
+        return time.perf_counter() - begin
+
+
+class BatchCost:
+    """Seconds of a batch's step over R rows, as a Sizer reads step costs: the batch's plain
+    step (each of its G members' root alone: `plain`, measured, then lowered by the real plain
+    steps) plus what R - G rows more add to one generation's step (`extra`: a member's own
+    StepCost, measured on its cache and shared through the model's table). Timing every size of
+    the batch itself, a size for each number of members, took a sixth of a batch of 8 SmolLM2
+    answers; the rows' products are what grows with R, wherever the rows come from."""
+
+    def __init__(self, plain: StepCost, extra: StepCost):
+        self.plain = plain
+        self.extra = extra
+        self.members = plain.generations
+
+    def __call__(self, rows: int) -> float:
+        more = self.extra(1 + max(0, rows - self.members)) - self.extra(1)
+        return self.plain(self.members) + more
+
+    @property
+    def measured(self) -> int:
+        """The largest row count whose cost is measured, not extrapolated."""
+        return self.members - 1 + self.extra.measured
+
+    @property
+    def measuring_s(self) -> float:
+        return self.plain.measuring_s + self.extra.measuring_s
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows == self.members:
+            self.plain.observe(rows, seconds)
 
 
 def run_batch(model, streams: Iterable[Stream], max_batch: int

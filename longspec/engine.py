@@ -108,19 +108,26 @@ class Engine:
         s = self.segment(tree)
         return self.net(s.tokens, s.positions, s.cache, s.mask, return_hidden=hidden)
 
-    def target(self, tree: DraftTree) -> tuple[TargetOutput, Verdict]:
-        """One forward of the target over the tree, and its verdict."""
+    def target(self, tree: DraftTree, sizing_s: float = 0.0) -> tuple[TargetOutput, Verdict]:
+        """One forward of the target over the tree, and its verdict (`sizing_s`: the seconds
+        the tree's sizing took, for TargetOutput.seconds)."""
         begin = time.perf_counter()
         out = self.forward(tree, self.drafter.needs_hidden)
-        self.stats.verify_forward_s += time.perf_counter() - begin
-        return self.judge(tree, out)
+        forward_s = time.perf_counter() - begin
+        self.stats.verify_forward_s += forward_s
+        return self.judge(tree, out, sizing_s + forward_s)
 
-    def judge(self, tree: DraftTree, out: ForwardOutput) -> tuple[TargetOutput, Verdict]:
+    def judge(self, tree: DraftTree, out: ForwardOutput, seconds: float
+              ) -> tuple[TargetOutput, Verdict]:
         """The target's choice after every node of the tree, from its forward's output, and
-        the verdict (the one host transfer of a step)."""
+        the verdict (the one host transfer of a step); `seconds`: this generation's part of
+        the step so far, outside its drafter's proposal (TargetOutput.seconds)."""
+        begin = time.perf_counter()
         processed, choices = self.sampler.tree_choices(tree, out.logits)
         target = TargetOutput(out, processed, choices)
-        return target, verify(tree, target, self.sampler)
+        verdict = verify(tree, target, self.sampler)
+        target.seconds = seconds + time.perf_counter() - begin
+        return target, verdict
 
     def measure_step(self, n: int) -> float:
         """Seconds of a target step over a throwaway tree of n nodes shaped like the drafts
@@ -138,12 +145,15 @@ class Engine:
         self.stats.sizing_s += seconds
         return seconds
 
-    def propose(self) -> DraftTree:
-        """The drafter's tree, cut to the size that pays most when it is scored."""
+    def propose(self) -> tuple[DraftTree, float]:
+        """The drafter's tree, cut to the size that pays most when it is scored, and the
+        seconds its sizing took (timing steps for it left out)."""
         tree, draft_seconds = self.draft()
+        begin, measured = time.perf_counter(), self.stats.sizing_s
         if self.budget.sizing == "adaptive" and tree.scores is not None and tree.n > 1:
             self.sizer.cost.refresh(len(self.tokens), self.measure_step)
-        return self.size(tree, draft_seconds)
+        tree = self.size(tree, draft_seconds)
+        return tree, time.perf_counter() - begin - (self.stats.sizing_s - measured)
 
     def draft(self) -> tuple[DraftTree, float]:
         """The drafter's tree, as it is, and the seconds it took."""
@@ -163,9 +173,9 @@ class Engine:
 
     def step(self) -> list[int]:
         """One step alone: propose, verify, commit; the tokens it commits."""
-        tree = self.propose()
+        tree, sizing_s = self.propose()
         begin = time.perf_counter()
-        target, verdict = self.target(tree)
+        target, verdict = self.target(tree, sizing_s)
         self.sizer.cost.observe(tree.n, time.perf_counter() - begin)
         return self.commit(tree, target, verdict)
 

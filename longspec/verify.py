@@ -47,6 +47,9 @@ class TargetOutput:
     forward: ForwardOutput          # raw logits [n, vocab] (+ hidden states when asked for)
     processed: torch.Tensor         # processed logits [n, vocab] (penalty, temperature, ...)
     target_tokens: torch.Tensor     # [n] the target's choice after each node
+    # seconds of the step outside the drafter's proposal that are this generation's: sizing
+    # its tree, the forward (in a batch, its share by rows), choosing after its nodes
+    seconds: float = 0.0
 
 
 def accepted_nodes(tree: DraftTree, target_tokens: torch.Tensor) -> torch.Tensor:

@@ -98,7 +98,6 @@ class AutoDrafter(Drafter):
         self.device = model.device
         self.model = model
         self.trust = sizer.calibration
-        self.cost = sizer.cost       # the generation's step costs, for their timings
         self.suffix = SuffixDrafter(model, model.device, prediction)
         self.recycling = RecyclingDrafter(model)
         if drafter is None and found == "found":
@@ -115,8 +114,9 @@ class AutoDrafter(Drafter):
         # (None: gate "off", every step drafts)
         self.gate = StepRates(retried=(True,)) if gate == "measured" else None
         self.rates = StepRates()     # in unsure steps: with the sources that run a model or not
-        self.drafting, self.started, self.measuring = True, 0.0, 0.0
-        self.step: tuple[bool, float] | None = None  # an unsure step's arm and start
+        self.drafting = True
+        self.proposing = 0.0     # seconds of the last proposal
+        self.step: bool | None = None      # an unsure step's arm
         self.verified = [0] * len(SOURCES)
         self.accepted = [0] * len(SOURCES)
 
@@ -131,8 +131,14 @@ class AutoDrafter(Drafter):
             self.eagle.observe_prefill(tokens, out)
 
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
-        started = self.started = time.perf_counter()
-        self.measuring = self.cost.measuring_s
+        """The trie of this step (timed: a step's seconds are its proposal's and its part of
+        the rest, TargetOutput.seconds, in a batch as alone)."""
+        started = time.perf_counter()
+        tree = self._propose(committed, budget)
+        self.proposing = time.perf_counter() - started
+        return tree
+
+    def _propose(self, committed: list[int], budget: Budget) -> DraftTree:
         trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
         self.step = None
         self.suffix.add_drafts(trie, committed, budget)
@@ -142,8 +148,8 @@ class AutoDrafter(Drafter):
             return TrieBuilder(committed[-1], 1, budget.max_depth).build(self.device)
         models = self.eagle is not None or self.draft_model is not None
         if models and sure < MODELS_BELOW:
-            self.step = (self.rates.choose(), started)
-        if self.step is not None and self.step[0]:
+            self.step = self.rates.choose()
+        if self.step:
             if self.eagle is not None:
                 self.eagle.add_drafts(trie, committed, EAGLE_BUDGET, EAGLE)
             if self.draft_model is not None:
@@ -161,13 +167,11 @@ class AutoDrafter(Drafter):
                     for i in range(1, len(trie.tokens)) if trie.depths[i] == 1), default=0.0)
 
     def observe(self, tree, target_out, verdict) -> None:
-        now = time.perf_counter()
-        measuring = self.cost.measuring_s - self.measuring    # the sizer's timings: not a step's
+        seconds = self.proposing + target_out.seconds
         if self.gate is not None:
-            self.gate.record(self.drafting, len(verdict.tokens), now - self.started - measuring)
+            self.gate.record(self.drafting, len(verdict.tokens), seconds)
         if self.step is not None:
-            arm, started = self.step
-            self.rates.record(arm, len(verdict.tokens), now - started)
+            self.rates.record(self.step, len(verdict.tokens), seconds)
         self.recycling.observe(tree, target_out, verdict)
         if self.eagle is not None:
             self.eagle.observe(tree, target_out, verdict)
