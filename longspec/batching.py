@@ -23,13 +23,15 @@ from collections.abc import Iterable, Iterator
 
 from . import api
 from .api import Chunk, GenerationResult, Stream
+from .drafters.auto import StepRates
 from .engine import Engine
 from .memory import PeakMemory
 from .sizing import StepCost
 from .tree import DraftTree
 
-# generations a batch steps at once, unless told: on 2 CPU cores, 4 concurrent SmolLM2 chat
-# answers (docs/benchmarks/batching.md)
+# generations a batch steps at once, unless told: on 2 CPU cores the largest where `auto`
+# batched kept pace with plain decoding batched (SmolLM2 chat answers, 0.97x at 4, 0.88x at 8;
+# BENCHMARKS.md, "Many generations at once")
 DEFAULT_MAX_BATCH = 4
 
 
@@ -40,6 +42,9 @@ class Batch:
         self.model = model
         self.members: list[Stream] = []
         self._plain: dict[int, StepCost] = {}      # its plain step's cost, by its members
+        # drafting at all (True) or a plain step for every member whose drafter allows one
+        # (False), as measured in the batch's new tokens a second (auto.py's gate, for a batch)
+        self.gate = StepRates(retried=(True,))
         self._memory: PeakMemory | None = None     # while it has members
 
     def __len__(self) -> int:
@@ -99,7 +104,10 @@ class Batch:
         return out
 
     def _step(self, engines: list[Engine]) -> list[list[int]]:
-        drafts = [e.draft() for e in engines]
+        started, measured = time.perf_counter(), self._cost(engines).measuring_s
+        drafting = self.gate.choose()
+        drafts = [e.draft() if drafting or not e.drafter.plain_steps else self._plain_step(e)
+                  for e in engines]
         trees, sizing = self._size(engines, drafts)
         begin = time.perf_counter()
         hidden = any(e.drafter.needs_hidden for e in engines)
@@ -115,7 +123,16 @@ class Batch:
         for e, tree, (target, verdict) in zip(engines, trees, verdicts):
             e.stats.verify_forward_s += forward_s
             news.append(e.commit(tree, target, verdict))
+        measuring = self._cost(engines).measuring_s - measured   # timing steps: not a step's
+        self.gate.record(drafting, sum(len(new) for new in news),
+                         time.perf_counter() - started - measuring)
         return news
+
+    @staticmethod
+    def _plain_step(e: Engine) -> tuple[DraftTree, float]:
+        """The member's root alone, its drafter not asked."""
+        e.drafter.plain_step()
+        return DraftTree.chain(e.tokens[-1:], e.device), 0.0
 
     # -- sizing -----------------------------------------------------------------------------------
 

@@ -96,7 +96,7 @@ def test_every_method_in_a_batch_writes_what_it_writes_alone(setting, demo_eagle
 @pytest.mark.parametrize("dtype", ["bfloat16", "int4"])
 @pytest.mark.parametrize("setting", ["greedy", "sampling_top_p"])
 def test_every_method_in_a_batch_writes_what_it_writes_alone_in(dtype, setting, demo_eagle):
-    check_batched(dtype, setting, 128, 6, demo_eagle)
+    check_batched(dtype, setting, 64, 6, demo_eagle)
 
 
 def test_the_fast_tier_batches_bfloat16_and_int4_too(demo_eagle):

@@ -9,6 +9,7 @@ from .registry import MethodSpec
 
 class NoDraft(Drafter):
     """The tree is the root alone."""
+    plain_steps = True
 
     def __init__(self, device):
         self.device = device

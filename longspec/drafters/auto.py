@@ -87,6 +87,7 @@ class StepRates:
 
 class AutoDrafter(Drafter):
     needs_prefill_logits = True
+    plain_steps = True
 
     def __init__(self, model, sampler, sizer: Sizer, drafter, context: int, draft_model=None,
                  capacity: int = 0, *, gate: str = GATES[0], found: str = DRAFTERS[0],
@@ -114,7 +115,7 @@ class AutoDrafter(Drafter):
         # (None: gate "off", every step drafts)
         self.gate = StepRates(retried=(True,)) if gate == "measured" else None
         self.rates = StepRates()     # in unsure steps: with the sources that run a model or not
-        self.drafting = True
+        self.drafting: bool | None = True    # None: a batch's plain step (no proposal)
         self.proposing = 0.0     # seconds of the last proposal
         self.step: bool | None = None      # an unsure step's arm
         self.verified = [0] * len(SOURCES)
@@ -161,6 +162,9 @@ class AutoDrafter(Drafter):
                       source=RECYCLING)
         return trie.build(self.device)
 
+    def plain_step(self) -> None:
+        self.drafting, self.step, self.proposing = None, None, 0.0
+
     def suffix_chance(self, trie: TrieBuilder) -> float:
         """The calibrated chance of the suffix matches' likeliest next token (0 without one)."""
         return max((self.trust.chance(trie.sources[i], trie.scores[i])
@@ -168,7 +172,7 @@ class AutoDrafter(Drafter):
 
     def observe(self, tree, target_out, verdict) -> None:
         seconds = self.proposing + target_out.seconds
-        if self.gate is not None:
+        if self.gate is not None and self.drafting is not None:
             self.gate.record(self.drafting, len(verdict.tokens), seconds)
         if self.step is not None:
             self.rates.record(self.step, len(verdict.tokens), seconds)

@@ -33,6 +33,9 @@ class Drafter(ABC):
 
     needs_hidden = False          # the verify forward should return hidden states
     needs_prefill_logits = False  # prefill should compute logits for every prompt position
+    # the drafter stays right when a batch takes a plain step without asking it (`plain_step`,
+    # then `observe` of a lone root it did not propose): its state catches up from the text
+    plain_steps = False
 
     def observe_prefill(self, tokens: torch.Tensor, out: ForwardOutput) -> None:
         """The target's output for a prefill chunk: logits [c, vocab] after each token when
@@ -45,6 +48,9 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         """A draft tree rooted at committed[-1]."""
+
+    def plain_step(self) -> None:
+        """This step is a plain one, taken without `propose` (where `plain_steps`)."""
 
     def observe(self, tree: DraftTree, target_out: TargetOutput, verdict: Verdict) -> None:
         """Learn from a verify step (called with the committed part of the verdict)."""

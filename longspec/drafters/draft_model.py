@@ -66,6 +66,8 @@ def chance(row: torch.Tensor, token: int) -> float:
 
 
 class DraftModelDrafter(TrieDrafter):
+    plain_steps = True
+
     def __init__(self, target, draft, sampler, sizer: Sizer, capacity: int, context: int,
                  vocab: int = DRAFT_VOCAB):
         check_draft_model(target, draft)

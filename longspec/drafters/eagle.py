@@ -40,6 +40,7 @@ CATCH_UP_SCORE_BYTES = 64 * 2**20   # largest attention score buffer of a catch-
 
 class EagleDrafter(TrieDrafter):
     needs_hidden = True
+    plain_steps = True
 
     def __init__(self, model, drafter, sampler, trust: Calibration, context: int,
                  budget: Budget, *, top_k: int = TOP_K, beam: int = BEAM,

@@ -67,6 +67,7 @@ def penalty_window(config) -> int:
 
 class NgramDrafter(Drafter):
     """Chains from the n-gram table for the root token, merged into one trie."""
+    plain_steps = True
 
     def __init__(self, device: torch.device, window: int, top_k: int = TOP_K):
         self.device = device

@@ -44,6 +44,8 @@ class NgramIndex:
 
 
 class PromptLookupDrafter(Drafter):
+    plain_steps = True
+
     def __init__(self, device: torch.device):
         self.device = device
         self.index = NgramIndex()

@@ -23,6 +23,7 @@ HOT_START = ("recycling_matrix",)     # the key of M in the model's shared state
 
 class RecyclingDrafter(Drafter):
     needs_prefill_logits = True
+    plain_steps = True
 
     def __init__(self, model):
         self.device = model.device

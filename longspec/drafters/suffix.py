@@ -72,6 +72,8 @@ def add_counted_tree(trie: TrieBuilder, continuations: list[list[int]], max_node
 
 
 class SuffixDrafter(TrieDrafter):
+    plain_steps = True
+
     def __init__(self, model, device, prediction: tuple[int, ...] = ()):
         self.device = device
         self.shared = model.state
