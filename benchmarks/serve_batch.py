@@ -1,7 +1,8 @@
 """Concurrent chat requests to `longspec serve` and to llama.cpp's server, side by side.
 
-Each server runs alone on the machine in turn (started here, stopped before the next), and gets
-the same chat requests (the first --requests of chat_bench.py's prompts, one seed each,
+Each server runs alone on the machine (started here for each set of requests, stopped before
+the next: longspec's server drafts from its earlier outputs, and would copy a set it had seen),
+and gets the same chat requests (the first --requests of chat_bench.py's prompts, one seed each,
 --max-tokens tokens with end-of-sequence ignored) twice: one at a time, then all at once. A row
 gives the aggregate tokens/s (completion tokens over the wall time of the whole set), where each
 answer reached end-of-sequence and the distinct-4 of what was timed. longspec's responses to the
@@ -101,27 +102,30 @@ def row(server: str, method: str, together: bool, seconds: float, responses: lis
 
 
 def longspec_rows(args, bodies: list[dict], eos: set[int], tokenize) -> list[dict]:
+    """Each method's set one at a time, then together, each on a server started for it: a
+    server keeps earlier outputs to draft from, and the same requests again would copy them."""
     cmd = [sys.executable, "-m", "longspec.cli", "serve", args.model, "--port", str(PORT),
            "--max-batch", str(args.requests), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd)
     rows = []
-    try:
-        wait_ready(PORT, proc, "/health")
-        post(PORT, {**bodies[0], "max_tokens": 32})           # warm-up
-        for method in args.methods.split(","):
-            mine = [{**b, "method": method, "return_token_ids": True} for b in bodies]
-            alone_s, alone = run_set(PORT, mine, together=False)
-            rows.append(row("longspec", method, False, alone_s, alone, eos, tokenize))
-            together_s, together = run_set(PORT, mine, together=True)
-            r = row("longspec", method, True, together_s, together, eos, tokenize)
-            r["identical_to_alone"] = all(a["choices"][0]["token_ids"] ==
-                                          b["choices"][0]["token_ids"]
-                                          for a, b in zip(alone, together))
-            rows.append(r)
-            print(json.dumps(rows[-2]), json.dumps(rows[-1]), sep="\n", flush=True)
-    finally:
-        proc.terminate()
-        proc.wait()
+    for method in args.methods.split(","):
+        mine = [{**b, "method": method, "return_token_ids": True} for b in bodies]
+        answers = {}
+        for together in (False, True):
+            proc = subprocess.Popen(cmd)
+            try:
+                wait_ready(PORT, proc, "/health")
+                post(PORT, {**bodies[0], "messages": [{"role": "user", "content": "Hello!"}],
+                            "max_tokens": 32})           # warm-up
+                seconds, answers[together] = run_set(PORT, mine, together)
+            finally:
+                proc.terminate()
+                proc.wait()
+            rows.append(row("longspec", method, together, seconds, answers[together], eos,
+                            tokenize))
+        rows[-1]["identical_to_alone"] = all(
+            a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"]
+            for a, b in zip(answers[False], answers[True]))
+        print(json.dumps(rows[-2]), json.dumps(rows[-1]), sep="\n", flush=True)
     return rows
 
 
@@ -153,6 +157,10 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--penalty", type=float, default=1.0,
+                   help="the contextual penalty (longspec's repetition_penalty over the last "
+                   "--penalty-window tokens; llama.cpp's repeat_penalty over as many)")
+    p.add_argument("--penalty-window", type=int, default=256)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--llama-server", help="llama.cpp's llama-server binary (left out: none)")
     p.add_argument("--out")
@@ -167,6 +175,10 @@ def main() -> None:
                "max_tokens": args.max_tokens, "temperature": args.temperature,
                "top_p": args.top_p, "seed": i, "ignore_eos": True}
               for i, prompt in enumerate(PROMPTS[:args.requests])]
+    if args.penalty != 1.0:
+        for body in bodies:
+            body.update(repetition_penalty=args.penalty, penalty_window=args.penalty_window,
+                        repeat_penalty=args.penalty, repeat_last_n=args.penalty_window)
     rows = longspec_rows(args, bodies, eos, tokenize)
     if args.llama_server:
         rows += llama_rows(args, bodies, eos, tokenize, model.path)
