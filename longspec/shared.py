@@ -60,6 +60,10 @@ class StepCostTable:
             if known is None or seconds < known:
                 self._seconds[key] = seconds
 
+    def clear(self) -> None:
+        with self._lock:
+            self._seconds.clear()
+
     def fastest(self, rows: int) -> float | None:
         """The fastest step of one generation over `rows` rows at any context (None before
         any was measured)."""
@@ -107,7 +111,7 @@ class SharedState:
 
     def clear(self) -> None:
         """Forget everything (a fresh model's state)."""
+        self.step_costs.clear()
         with self._lock:
             self.suffix_outputs = SuffixIndex()
-            self.step_costs._seconds.clear()
             self._hot.clear()

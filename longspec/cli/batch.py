@@ -10,6 +10,7 @@ from .flags import (
     load_optional,
     method_flags,
     method_from_args,
+    model_args,
     model_flags,
     sampling_flags,
     sampling_from_args,
@@ -48,12 +49,6 @@ def add_parser(sub) -> None:
     g.add_argument("--ray-actors", type=int, default=2, metavar="N",
                    help="with --ray: how many actors (models) generate at once (default 2)")
     g.set_defaults(run=run)
-
-
-def model_args(path: str, args) -> dict:
-    """load_model's arguments as the model flags say (for an actor to load it there)."""
-    return {"path": path, "dtype": args.dtype, "device": args.device,
-            "dequantize": args.dequantize, "quantize": args.quantize}
 
 
 def run(args) -> int:

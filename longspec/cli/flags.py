@@ -52,12 +52,18 @@ def model_flags(p: argparse.ArgumentParser) -> None:
                    "matrices group-wise (weight-only, the CPU's int4 kernel)")
 
 
+def model_args(path: str, args) -> dict:
+    """load_model's arguments as the model flags say (also for a Ray actor or replica to load
+    it there)."""
+    return {"path": path, "dtype": args.dtype, "device": args.device,
+            "dequantize": args.dequantize, "quantize": args.quantize}
+
+
 def load_from_args(path: str, args):
     """A model as the model flags say."""
     from ..models import load_model
 
-    return load_model(path, dtype=args.dtype, device=args.device, dequantize=args.dequantize,
-                      quantize=args.quantize)
+    return load_model(**model_args(path, args))
 
 
 def method_flags(p: argparse.ArgumentParser) -> None:

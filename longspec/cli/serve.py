@@ -7,7 +7,7 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from .flags import load_from_args, load_optional, model_flags
+from .flags import load_from_args, load_optional, model_args, model_flags
 
 API_KEY_ENV = "LONGSPEC_API_KEY"
 
@@ -42,6 +42,12 @@ def add_parser(sub) -> None:
     s.add_argument("--draft-model", help="draft model for methods that need one")
     s.add_argument("--heads", metavar="DIR", help="trained drafter directory (heads or "
                    "EAGLE, from 'longspec train-drafter') for the methods that take one")
+    s.add_argument("--ray-replicas", type=int, metavar="N", help="serve as N Ray Serve "
+                   "replicas behind one endpoint, one loaded model each (pip install -e "
+                   "\".[ray]\")")
+    s.add_argument("--ray", metavar="ADDRESS", default="local", help="with --ray-replicas: the "
+                   "Ray cluster's address (`auto`: the one this machine is part of), or `local` "
+                   "to start one here (default)")
     s.add_argument("--log-level", default="info")
     model_flags(s)
     s.set_defaults(run=run)
@@ -61,7 +67,9 @@ def run(args) -> int:
     from ..serve import ServeConfig, create_app
 
     get_method(args.method)
-    for flag, value, low in (("--max-batch", args.max_batch, 1),
+    replicas = 1 if args.ray_replicas is None else args.ray_replicas
+    for flag, value, low in (("--ray-replicas", replicas, 1),
+                             ("--max-batch", args.max_batch, 1),
                              ("--max-queue", args.max_queue, 1),
                              ("--default-max-tokens", args.default_max_tokens, 1)):
         if value < low:
@@ -73,6 +81,8 @@ def run(args) -> int:
     if not _loopback(args.host) and args.api_key is None:
         print(f"longspec: warning: serving on {args.host} with no --api-key: anyone who can "
               "reach it can use it", file=sys.stderr)
+    if args.ray_replicas is not None:
+        return _serve_on_ray(args)
     model, draft = _load_on_own_thread(args)
     config = ServeConfig(model_name=args.served_model_name or args.model, method=args.method,
                          api_key=args.api_key, max_batch=args.max_batch,
@@ -94,3 +104,20 @@ def _load_on_own_thread(args) -> tuple:
 
     with ThreadPoolExecutor(1, thread_name_prefix="longspec-load") as pool:
         return pool.submit(load).result()
+
+
+def _serve_on_ray(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("grpc") is None:
+        raise ValueError("--ray-replicas needs Ray Serve: pip install -e \".[ray]\"")
+    from ..ray_serve import serve_replicas
+
+    config = {"model_name": args.served_model_name or args.model, "method": args.method,
+              "api_key": args.api_key, "max_batch": args.max_batch, "max_queue": args.max_queue,
+              "request_timeout": args.request_timeout,
+              "default_max_tokens": args.default_max_tokens, "heads": args.heads}
+    draft = None if args.draft_model is None else model_args(args.draft_model, args)
+    serve_replicas(args.ray, args.ray_replicas, args.host, args.port,
+                   model_args=model_args(args.model, args), draft_args=draft, config_args=config)
+    return 0

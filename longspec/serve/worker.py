@@ -32,7 +32,7 @@ T = TypeVar("T")
 class Finished:
     """The last event of a job."""
 
-    result: GenerationResult | None   # None: never started (cancelled or expired in the queue)
+    result: GenerationResult | None   # None: cancelled (or the server stopped) before it ran
     timed_out: bool = False
     error: str | None = None          # an unexpected failure of the generation
 
