@@ -6,6 +6,7 @@ import json
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 
 import openai
@@ -241,6 +242,27 @@ def test_a_dropped_stream_cancels_its_generation_and_frees_the_worker(server, cl
     res = client.completions.create(model="demo-chat", prompt="x", max_tokens=2)
     assert res.usage.completion_tokens <= 2
     assert server.metric("longspec_generation_tokens_total") - before < 2000
+
+
+def test_a_dropped_stream_leaves_its_batch_and_the_others_go_on(server, client, model):
+    conn = server.open_stream(LONG)
+    server.wait_running()
+    answer = {}
+
+    def ask():
+        answer["choice"] = client.completions.create(
+            model="demo-chat", prompt="class Parser:\n", max_tokens=40, seed=7,
+            extra_body={"ignore_eos": True, "return_token_ids": True}).choices[0]
+
+    other = threading.Thread(target=ask)
+    other.start()
+    time.sleep(0.3)          # the request joins the stream's batch
+    conn.resp.close()
+    conn.close()
+    other.join()
+    ref = longspec.generate(model, "class Parser:\n", max_new_tokens=40, seed=7, ignore_eos=True)
+    assert answer["choice"].model_extra["token_ids"] == ref.token_ids
+    assert server.wait_idle() < 3
 
 
 def test_a_dropped_non_streaming_request_is_cancelled(server):

@@ -93,12 +93,13 @@ def test_serve_command_passes_its_flags_to_the_app(monkeypatch):
     seen = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
     assert main(["serve", "demo", "--api-key", KEY, "--max-queue", "3", "--request-timeout",
-                 "7", "--method", "pld", "--port", "8123", "--dtype", "float32"]) == 0
+                 "7", "--method", "pld", "--port", "8123", "--dtype", "float32",
+                 "--max-batch", "3"]) == 0
     cfg = seen["app"].state.server.config
     seen["app"].state.server.worker.stop()      # uvicorn did not run: no lifespan stops it
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8123)
-    assert (cfg.model_name, cfg.method, cfg.api_key, cfg.max_queue, cfg.request_timeout) == \
-        ("demo", "pld", KEY, 3, 7.0)
+    assert (cfg.model_name, cfg.method, cfg.api_key, cfg.max_queue, cfg.request_timeout,
+            cfg.max_batch) == ("demo", "pld", KEY, 3, 7.0, 3)
     assert main(["serve", "demo", "--dtype", "float32"]) == 0
     assert seen["app"].state.server.config.method == default_method()
     seen["app"].state.server.worker.stop()
@@ -107,6 +108,8 @@ def test_serve_command_passes_its_flags_to_the_app(monkeypatch):
 
 @pytest.mark.parametrize("argv,match", [
     (["--max-queue", "0"], "--max-queue must be at least 1"),
+    (["--max-batch", "0"], "--max-batch must be at least 1"),
+    (["--ray-replicas", "0"], "--ray-replicas must be at least 1"),
     (["--request-timeout", "0"], "--request-timeout must be > 0"),
     (["--method", "nope"], "unknown method"),
     (["--api-key", ""], "--api-key is empty"),
