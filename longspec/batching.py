@@ -29,9 +29,9 @@ from .memory import PeakMemory
 from .sizing import StepCost
 from .tree import DraftTree
 
-# generations a batch steps at once, unless told: on 2 CPU cores the largest where `auto`
-# batched kept pace with plain decoding batched (SmolLM2 chat answers, 0.97x at 4, 0.88x at 8;
-# BENCHMARKS.md, "Many generations at once")
+# generations a batch steps at once, unless told: on 2 CPU cores plain decoding gains 1.15x
+# more from 4 to 8 SmolLM2 chat answers and `auto` 1.10x, while each generation's memory is
+# paid that many times (BENCHMARKS.md, "Many generations at once")
 DEFAULT_MAX_BATCH = 4
 
 
@@ -104,11 +104,12 @@ class Batch:
         return out
 
     def _step(self, engines: list[Engine]) -> list[list[int]]:
-        started, measured = time.perf_counter(), self._cost(engines).measuring_s
+        cost = self._cost(engines)
+        started, measured = time.perf_counter(), cost.measuring_s
         drafting = self.gate.choose()
         drafts = [e.draft() if drafting or not e.drafter.plain_steps else self._plain_step(e)
                   for e in engines]
-        trees, sizing = self._size(engines, drafts)
+        trees, sizing = self._size(engines, drafts, cost)
         begin = time.perf_counter()
         hidden = any(e.drafter.needs_hidden for e in engines)
         outs = self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)],
@@ -118,12 +119,12 @@ class Batch:
         # each member's part of the step: its sizing, its rows' share of the forward
         verdicts = [e.judge(tree, out, seconds + forward_s * tree.n / rows)
                     for e, tree, out, seconds in zip(engines, trees, outs, sizing)]
-        self._cost(engines).observe(rows, time.perf_counter() - begin)
+        cost.observe(rows, time.perf_counter() - begin)
         news = []
         for e, tree, (target, verdict) in zip(engines, trees, verdicts):
             e.stats.verify_forward_s += forward_s
             news.append(e.commit(tree, target, verdict))
-        measuring = self._cost(engines).measuring_s - measured   # timing steps: not a step's
+        measuring = cost.measuring_s - measured      # timing steps: not a step's
         self.gate.record(drafting, sum(len(new) for new in news),
                          time.perf_counter() - started - measuring)
         return news
@@ -142,18 +143,16 @@ class Batch:
         if plain is None:
             plain = self._plain[n] = StepCost(n, self.model.state.step_costs, generations=n)
         # the member whose trees may be largest measures what rows add
-        widest = max(engines, key=lambda e: e.budget.max_nodes)
-        return BatchCost(plain, widest.sizer.cost)
+        return BatchCost(plain, max(engines, key=lambda e: e.budget.max_nodes))
 
-    def _size(self, engines: list[Engine], drafts: list[tuple[DraftTree, float]]
-              ) -> tuple[list[DraftTree], list[float]]:
+    def _size(self, engines: list[Engine], drafts: list[tuple[DraftTree, float]],
+              cost: BatchCost) -> tuple[list[DraftTree], list[float]]:
         """Each member's tree cut for the batch, in turn (see the module's docstring), and the
         seconds each one's sizing took (timing steps for it left out)."""
-        cost = self._cost(engines)
         if any(e.budget.sizing == "adaptive" for e in engines):
             cost.plain.refresh(sum(len(e.tokens) for e in engines),
                                lambda _: self._waited(engines, self._measure(engines)))
-            widest = max(engines, key=lambda e: e.budget.max_nodes)
+            widest = cost.widest
             waiting = [e for e in engines if e is not widest]
             cost.extra.refresh(len(widest.tokens),
                                lambda rows: self._waited(waiting, widest.measure_step(rows)))
@@ -199,9 +198,11 @@ class BatchCost:
     the batch itself, a size for each number of members, took a sixth of a batch of 8 SmolLM2
     answers; the rows' products are what grows with R, wherever the rows come from."""
 
-    def __init__(self, plain: StepCost, extra: StepCost):
+    def __init__(self, plain: StepCost, widest: Engine):
+        """`widest`: the member whose trees may be largest; its StepCost is `extra`."""
         self.plain = plain
-        self.extra = extra
+        self.widest = widest
+        self.extra = widest.sizer.cost
         self.members = plain.generations
 
     def __call__(self, rows: int) -> float:
