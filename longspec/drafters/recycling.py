@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models.transformer import ForwardOutput
 from ..tree import DraftTree, TreeTemplate
 from .base import Budget, Drafter
 from .registry import MethodSpec
@@ -33,12 +34,12 @@ class RecyclingDrafter(Drafter):
             HOT_START, lambda: torch.arange(WIDTH, device=self.device).repeat(vocab, 1) % vocab)
         self._templates: dict[Budget, TreeTemplate] = {}
 
-    def update(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+    def update(self, tokens: torch.Tensor, out: ForwardOutput) -> None:
         """M[token] = the top-8 tokens of the logits that followed it."""
-        self.matrix[tokens] = torch.topk(logits, WIDTH, dim=-1).indices
+        self.matrix[tokens] = out.top_tokens(WIDTH)
 
     def observe_prefill(self, tokens, out) -> None:
-        self.update(tokens, out.logits)
+        self.update(tokens, out)
 
     def template(self, budget: Budget) -> TreeTemplate:
         tpl = self._templates.get(budget)
@@ -53,7 +54,7 @@ class RecyclingDrafter(Drafter):
                          scores=tpl.scores, sources=[0] * tpl.shape.n)
 
     def observe(self, tree, target_out, verdict) -> None:
-        self.update(tree.tokens, target_out.forward.logits)
+        self.update(tree.tokens, target_out.forward)
 
     def finish(self, tokens: list[int]) -> None:
         self.shared.publish(HOT_START, self.matrix)

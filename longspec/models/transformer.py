@@ -27,6 +27,22 @@ from .rope import apply_rope, dynamic_frequencies, rope_cos_sin, rope_frequencie
 Head = Callable[[torch.Tensor], torch.Tensor]
 
 
+class TopTokens:
+    """The likeliest tokens of every row of a forward's logits, taken in one call over all
+    its rows (in parallel) the first time any generation in the forward asks: 8 SmolLM2 rows
+    take 150 us so against 390 us one row at a time."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+        self._top: dict[int, torch.Tensor] = {}
+
+    def __call__(self, k: int, rows: slice) -> torch.Tensor:
+        top = self._top.get(k)
+        if top is None:
+            top = self._top[k] = torch.topk(self.logits, k, dim=-1).indices
+        return top[rows]
+
+
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor | None   # [n, vocab] for the requested positions
@@ -34,6 +50,15 @@ class ForwardOutput:
     # each layer's rotated query of the last token [heads, head_dim], when asked for (caches
     # that keep a subset of the history rank keys with them)
     queries: list[torch.Tensor] | None = None
+    # in a forward of several generations: the top tokens of all its rows, and these rows
+    shared_top: TopTokens | None = None
+    rows: slice | None = None
+
+    def top_tokens(self, k: int) -> torch.Tensor:
+        """The k likeliest tokens after each row, by its raw logits [n, k]."""
+        if self.shared_top is None:
+            return torch.topk(self.logits, k, dim=-1).indices
+        return self.shared_top(k, self.rows)
 
 
 @dataclass(frozen=True)
@@ -221,11 +246,13 @@ class Transformer(nn.Module):
         x, _ = self._layers(torch.cat([s.tokens for s in segments]),
                             torch.cat([s.positions for s in segments]), parts, False)
         logits = self.hidden_to_logits(x)
+        top = TopTokens(logits)
         outs, row = [], 0
         for s in segments:
             rows = slice(row, row + s.tokens.shape[0])
             row = rows.stop
-            outs.append(ForwardOutput(logits[rows], x[rows] if return_hidden else None))
+            outs.append(ForwardOutput(logits[rows], x[rows] if return_hidden else None,
+                                      shared_top=top, rows=rows))
         return outs
 
     def _layers(self, tokens: torch.Tensor, positions: torch.Tensor,
