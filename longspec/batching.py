@@ -7,12 +7,13 @@ its own verdict. A generation joins at a step boundary (its prefill runs then) a
 it is done or dropped. A batch of one steps as a generation alone does (CUDA graphs included).
 
 Sizing for the batch: a step of R rows over the batch's caches costs its plain step plus what
-the rows past one a member add (BatchCost, measured); each member in turn keeps the prefix of
-its tree that maximises the batch's expected new tokens per second, the others' rows and
-expected tokens (a plain step's 1 until they choose) counted. A tree's rows cost the whole batch
-a share of its step, so under load speculation shrinks, and a step is never sized slower than
-the batch's plain step (every tree its root alone) is expected to be. Whether to draft at all is
-each drafter's own measure (auto's gate), of its proposal's seconds and its share of the rest
+the rows past the members' roots add (BatchCost); each member in turn keeps the prefix of its
+tree that maximises the batch's expected new tokens per second, the others' rows and expected
+tokens (a plain step's 1 until they choose) counted. A tree's rows cost the whole batch a share
+of its step, so under load speculation shrinks, and a step is never sized slower than the
+batch's plain step (every tree its root alone) is expected to be. Whether to draft at all is
+measured twice: the batch's drafting steps against its plain steps (Batch.gate), and each
+drafter's own gate (auto's), of its proposal's seconds and its share of the rest
 (TargetOutput.seconds: the forward split by rows).
 """
 
@@ -26,7 +27,7 @@ from .api import Chunk, GenerationResult, Stream
 from .drafters.auto import StepRates
 from .engine import Engine
 from .memory import PeakMemory
-from .sizing import StepCost
+from .shared import StepCostTable
 from .tree import DraftTree
 
 # generations a batch steps at once, unless told: on 2 CPU cores plain decoding gains 1.15x
@@ -41,7 +42,6 @@ class Batch:
     def __init__(self, model):
         self.model = model
         self.members: list[Stream] = []
-        self._plain: dict[int, StepCost] = {}      # its plain step's cost, by its members
         # drafting at all (True) or a plain step for every member whose drafter allows one
         # (False), as measured in the batch's new tokens a second (auto.py's gate, for a batch)
         self.gate = StepRates(retried=(True,))
@@ -138,20 +138,16 @@ class Batch:
     # -- sizing -----------------------------------------------------------------------------------
 
     def _cost(self, engines: list[Engine]) -> BatchCost:
-        n = len(engines)
-        plain = self._plain.get(n)
-        if plain is None:
-            plain = self._plain[n] = StepCost(n, self.model.state.step_costs, generations=n)
         # the member whose trees may be largest measures what rows add
-        return BatchCost(plain, max(engines, key=lambda e: e.budget.max_nodes))
+        return BatchCost(self.model.state.step_costs, len(engines),
+                         sum(len(e.tokens) for e in engines),
+                         max(engines, key=lambda e: e.budget.max_nodes))
 
     def _size(self, engines: list[Engine], drafts: list[tuple[DraftTree, float]],
               cost: BatchCost) -> tuple[list[DraftTree], list[float]]:
         """Each member's tree cut for the batch, in turn (see the module's docstring), and the
         seconds each one's sizing took (timing steps for it left out)."""
         if any(e.budget.sizing == "adaptive" for e in engines):
-            cost.plain.refresh(sum(len(e.tokens) for e in engines),
-                               lambda _: self._waited(engines, self._measure(engines)))
             widest = cost.widest
             waiting = [e for e in engines if e is not widest]
             cost.extra.refresh(len(widest.tokens),
@@ -178,49 +174,52 @@ class Batch:
             e.stats.sizing_s += seconds
         return seconds
 
-    def _measure(self, engines: list[Engine]) -> float:
-        """Seconds of the batch's plain step (every member's root alone), its keys in
-        uncommitted slots."""
-        trees = [DraftTree.chain(e.tokens[-1:], e.device) for e in engines]
-        engines[0]._sync()
-        begin = time.perf_counter()
-        outs = self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)])
-        for e, tree, out in zip(engines, trees, outs):
-            e.sampler.tree_choices(tree, out.logits)[1].tolist()
-        return time.perf_counter() - begin
-
 
 class BatchCost:
     """Seconds of a batch's step over R rows, as a Sizer reads step costs: the batch's plain
-    step (each of its G members' root alone: `plain`, measured, then lowered by the real plain
-    steps) plus what R - G rows more add to one generation's step (`extra`: a member's own
-    StepCost, measured on its cache and shared through the model's table). Timing every size of
-    the batch itself, a size for each number of members, took a sixth of a batch of 8 SmolLM2
-    answers; the rows' products are what grows with R, wherever the rows come from."""
+    step (each of its G members' root alone) plus what one generation's step grows by from G
+    rows to R (`extra`: a member's own StepCost, measured on its cache and shared through the
+    model's table). The rows' products are what grows with R, wherever the rows come from; the
+    rows past G stack on G rows already there: on 2 cores, 3 rows more cost 8 SmolLM2 members
+    2.0 ms, as one generation's step grows from 8 rows to 11 (1.9 ms), not from 1 to 4 (1.0 ms).
 
-    def __init__(self, plain: StepCost, widest: Engine):
+    The plain step is the fastest real one seen of a batch of G at this context (the model's
+    table, keyed by the sum of the members' contexts), else one generation's step over G rows.
+    Nothing is timed for it: timing every size of every composition took a sixth of a batch of
+    8 SmolLM2 answers, and timing the plain step of each composition as members came and went
+    still took 2% of it."""
+
+    def __init__(self, table: StepCostTable, members: int, context: int, widest: Engine):
         """`widest`: the member whose trees may be largest; its StepCost is `extra`."""
-        self.plain = plain
+        self.table = table
+        self.members = members
+        self.context = context
         self.widest = widest
         self.extra = widest.sizer.cost
-        self.members = plain.generations
+        self._plain: float | None = None
+
+    def plain_step(self) -> float:
+        seen = self.table.lookup(self.members, self.members, self.context)
+        return self.extra(self.members) if seen is None else seen
 
     def __call__(self, rows: int) -> float:
-        more = self.extra(1 + max(0, rows - self.members)) - self.extra(1)
-        return self.plain(self.members) + more
+        if self._plain is None:
+            self._plain = self.plain_step()
+        more = self.extra(max(rows, self.members)) - self.extra(self.members)
+        return self._plain + more
 
     @property
     def measured(self) -> int:
         """The largest row count whose cost is measured, not extrapolated."""
-        return self.members - 1 + self.extra.measured
+        return self.extra.measured
 
     @property
     def measuring_s(self) -> float:
-        return self.plain.measuring_s + self.extra.measuring_s
+        return self.extra.measuring_s
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows == self.members:
-            self.plain.observe(rows, seconds)
+            self.table.record(self.members, rows, self.context, seconds)
 
 
 def run_batch(model, streams: Iterable[Stream], max_batch: int

@@ -50,19 +50,17 @@ BIN_ESTIMATE = [2 ** (-(b + 0.5) / 4) for b in range(BINS)]   # the middle of ea
 
 
 class StepCost:
-    """Seconds of this generation's target steps (or its batch's: `generations` of them, a row
-    each at least) over up to max_rows rows, at its context. Sizes measured are also looked up
-    in, and recorded to, the model's shared table (shared.py), so that a generation does not
-    measure what an earlier one did at the same context."""
+    """Seconds of this generation's target steps over up to max_rows rows, at its context.
+    Sizes measured are also looked up in, and recorded to, the model's shared table
+    (shared.py), so that a generation does not measure what an earlier one did at the same
+    context."""
 
-    def __init__(self, max_rows: int, table: StepCostTable | None = None, generations: int = 1):
-        self.sizes = ([generations] + [n for n in SIZES if generations < n < max_rows]
-                      + ([max_rows] if max_rows > generations else []))
+    def __init__(self, max_rows: int, table: StepCostTable | None = None):
+        self.sizes = [n for n in SIZES if n < max_rows] + [max_rows]
         self.seconds: list[float] = []     # of the first len(seconds) sizes
         self.context = 0
         self.measuring_s = 0.0             # seconds spent measuring, all told
         self.table = table
-        self.generations = generations
         self._measure: Callable[[int], float] | None = None
 
     def refresh(self, context: int, measure: Callable[[int], float]) -> None:
@@ -93,11 +91,11 @@ class StepCost:
     def _lookup(self, rows: int) -> float | None:
         if self.table is None:
             return None
-        return self.table.lookup(self.generations, rows, self.context)
+        return self.table.lookup(1, rows, self.context)
 
     def _record(self, rows: int, seconds: float) -> None:
         if self.table is not None:
-            self.table.record(self.generations, rows, self.context, seconds)
+            self.table.record(1, rows, self.context, seconds)
 
     def observe(self, n: int, seconds: float) -> None:
         """A real step over n nodes took `seconds`: when n is a measured size, its time

@@ -11,6 +11,7 @@ import pytest
 from helpers import make_checkpoint
 
 import longspec
+from longspec.batching import BatchCost
 from longspec.models.compiled import extension, int4_mm_built
 from longspec.sizing import StepCost
 
@@ -62,7 +63,8 @@ def costs_that_pay(monkeypatch):
     compare plain decoding with itself. Each size is still measured by a real throwaway step
     (its keys land in uncommitted slots: the equality tests check that nothing else moves), its
     time ignored; the real steps' times do not lower the costs, nor do earlier generations'
-    timings in the model's shared table stand in for a measure."""
+    timings in the model's shared table stand in for a measure (a batch's plain step is one
+    generation's over as many rows)."""
     refresh = StepCost.refresh
 
     def fixed(self, context, measure):
@@ -71,6 +73,7 @@ def costs_that_pay(monkeypatch):
     monkeypatch.setattr(StepCost, "refresh", fixed)
     monkeypatch.setattr(StepCost, "observe", lambda self, n, seconds: None)
     monkeypatch.setattr(StepCost, "_lookup", lambda self, rows: None)   # no earlier timings
+    monkeypatch.setattr(BatchCost, "plain_step", lambda self: self.extra(self.members))
 
 
 class ByteTokenizer:
