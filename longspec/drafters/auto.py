@@ -86,7 +86,10 @@ class StepRates:
 
 
 class AutoDrafter(Drafter):
-    needs_prefill_logits = True
+    # Token Recycling's matrix is not seeded from the prompt's logits here (`recycling` alone
+    # seeds it): on SmolLM2's 8 chat prompts, 512 tokens, `auto` ran 1.01x as fast without the
+    # seeding greedy and at T=0.7, while the logits of every prompt position cost 18% more
+    # prefill over 24 ShareGPT prompts (the LM head is a fifth of SmolLM2)
     plain_steps = True
 
     def __init__(self, model, sampler, sizer: Sizer, drafter, context: int, draft_model=None,
@@ -127,7 +130,6 @@ class AutoDrafter(Drafter):
             self.draft_model.prefill(prompt_ids, cache)
 
     def observe_prefill(self, tokens, out) -> None:
-        self.recycling.observe_prefill(tokens, out)
         if self.eagle is not None:
             self.eagle.observe_prefill(tokens, out)
 
