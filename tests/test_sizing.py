@@ -149,10 +149,26 @@ def arms_taken(steps: int, tokens: float, seconds: float) -> list[bool]:
 
 
 def test_auto_takes_plain_steps_where_drafting_does_not_pay_and_retries_it():
-    taken = arms_taken(40, 1.1, 1.2)
+    taken = arms_taken(190, 1.1, 1.2)
     assert taken[:2] == [True, False]        # each arm measured first
     drafted = [i for i, arm in enumerate(taken) if arm]
-    assert drafted == [0, 17, 34]            # then plain, drafting again after 16 plain steps
+    # then plain, drafting again after 16 plain steps, 32, then 64 at most while it loses
+    assert drafted == [0, 17, 50, 115, 180]
+
+
+def test_a_retry_that_wins_brings_the_next_one_back_to_16_steps():
+    gate = StepRates(retried=(True,))
+    for arm, tokens, seconds in [(True, 1.1, 1.2)] + [(False, 1, 1.0)] * 16:
+        assert gate.choose() == arm
+        gate.record(arm, tokens, seconds)
+    assert gate.choose()
+    gate.record(True, 1.1, 1.2)                  # the retry lost: 32 steps to the next
+    for _ in range(32):
+        assert not gate.choose()
+        gate.record(False, 1, 1.0)
+    assert gate.choose()
+    gate.record(True, 30, 1.0)                   # a retry that wins
+    assert gate.every[True] == 16
 
 
 def test_auto_never_forces_a_plain_step_where_drafting_pays():

@@ -46,7 +46,8 @@ DRAFT_MODEL_BUDGET = DRAFT_SPEC.budget   # the draft model's chain within it (`d
 # in one forward when they next draft.
 MODELS_BELOW = 0.3
 RATE_SMOOTHING = 0.1    # weight of a step in its arm's running tokens and seconds (StepRates)
-EXPLORE_EVERY = 16      # steps after which the arm not chosen is tried again (StepRates)
+EXPLORE_EVERY = 16      # steps after which the arm not chosen is tried again (StepRates),
+EXPLORE_MOST = 64       # twice as many each time it lost again, up to this many
 # A step the gate would take plain drafts anyway where the suffix matches' likeliest next token
 # has at least this calibrated chance (their lookup costs ~0.06 ms): drafts pay in stretches
 # where the text repeats, which a drafting step every EXPLORE_EVERY finds late.
@@ -62,19 +63,26 @@ class StepRates:
     """Which of two ways of taking a step pays (arms True and False), as measured: each arm's
     new tokens over its seconds (drafting, verifying, choosing), both decayed so that they follow
     the text. The faster arm is chosen; an arm in `retried` is tried again after EXPLORE_EVERY
-    steps without it, and each is tried first while it has no measure."""
+    steps without it, after twice as many each time the try left it slower still (up to
+    EXPLORE_MOST: on 2 cores a drafting step of 8 SmolLM2 answers at T=1 cost about two plain
+    ones, so trying it every 16 steps cost the batch ~6%), and each arm is tried first while it
+    has no measure."""
 
     def __init__(self, retried: tuple[bool, ...] = (True, False)):
         self.retried = retried
         self.tokens = {True: 0.0, False: 0.0}
         self.seconds = {True: 0.0, False: 0.0}
         self.waited = {True: 0, False: 0}    # steps since the arm was last taken
+        self.every = {True: EXPLORE_EVERY, False: EXPLORE_EVERY}    # ... before it is tried
 
     def choose(self) -> bool:
         for arm in (True, False):
             if self.seconds[arm] == 0 or (arm in self.retried
-                                          and self.waited[arm] >= EXPLORE_EVERY):
+                                          and self.waited[arm] >= self.every[arm]):
                 return arm
+        return self._faster()
+
+    def _faster(self) -> bool:
         return self.tokens[True] * self.seconds[False] >= self.tokens[False] * self.seconds[True]
 
     def record(self, arm: bool, tokens: int, seconds: float) -> None:
@@ -83,6 +91,9 @@ class StepRates:
         self.seconds[arm] = keep * self.seconds[arm] + seconds
         self.waited[arm] = 0
         self.waited[not arm] += 1
+        if self.seconds[not arm] > 0:
+            lost = self._faster() != arm
+            self.every[arm] = min(2 * self.every[arm], EXPLORE_MOST) if lost else EXPLORE_EVERY
 
 
 class AutoDrafter(Drafter):
