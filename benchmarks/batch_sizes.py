@@ -1,11 +1,14 @@
 """`generate_many` over one set of chat prompts at several batch sizes, in one process: what
 --max-batch buys, and where it stops buying.
 
-Each row runs every prompt (chat_bench.py's, one seed each, --new-tokens tokens, end-of-sequence
-ignored) with one method at one max_batch; max_batch 1 is the prompts one at a time. A row gives
-the aggregate tokens/s (all new tokens over the wall time of the set) and whether every prompt
-got the tokens it gets at max_batch 1; the set's answers give where each reached
-end-of-sequence and their distinct-4 (the same text in every row).
+Each row runs every prompt (chat_bench.py's, or with --sharegpt the first questions of ShareGPT's
+held-out conversations; one seed each, --new-tokens tokens, end-of-sequence ignored unless
+--respect-eos) with one method at one max_batch; max_batch 1 is the prompts one at a time. A row
+gives the aggregate tokens/s (all new tokens over the wall time of the set: the median of
+--repeats runs, interleaved so that drift hits every row alike) and whether every prompt got
+the tokens it gets at max_batch 1; the set's answers give where each reached end-of-sequence
+and their distinct-4 (the same text in every row). Where more prompts than max_batch wait, a
+generation joins as another ends (continuous batching).
 
     python benchmarks/batch_sizes.py --model smollm2 --prompts 8 --new-tokens 256 \\
         --methods ar,auto --batches 1,2,4,8 --out batch_sizes.json
@@ -18,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from chat_bench import PROMPTS
+from chat_bench import PROMPTS, sharegpt_prompts
 
 import longspec
 from longspec.bench.metrics import answer_end, distinct_n
@@ -33,31 +36,46 @@ def main() -> None:
     p.add_argument("--batches", default="1,2,4,8")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--sharegpt", action="store_true", help="prompts from ShareGPT's held-out "
+                   "conversations")
+    p.add_argument("--respect-eos", action="store_true", help="end each answer at its "
+                   "end-of-sequence")
+    p.add_argument("--repeats", type=int, default=1, help="runs per row (median reported)")
     p.add_argument("--out")
     args = p.parse_args()
     model = longspec.load_model(args.model)
-    prompts = [[{"role": "user", "content": text}] for text in PROMPTS[:args.prompts]]
-    settings = {"max_new_tokens": args.new_tokens, "ignore_eos": True, "seed": 0,
-                "sampling": longspec.SamplingConfig(temperature=args.temperature,
-                                                    top_p=args.top_p)}
+    texts = sharegpt_prompts(args.prompts) if args.sharegpt else PROMPTS[:args.prompts]
+    prompts = [[{"role": "user", "content": text}] for text in texts]
+    settings = {"max_new_tokens": args.new_tokens, "ignore_eos": not args.respect_eos,
+                "seed": 0, "sampling": longspec.SamplingConfig(temperature=args.temperature,
+                                                               top_p=args.top_p)}
     longspec.generate(model, prompts[0], max_new_tokens=16)         # warm-up
-    rows, alone = [], {}
-    for method in args.methods.split(","):
-        for max_batch in (int(b) for b in args.batches.split(",")):
-            model.state.clear()      # every row starts as cold as the first
+    batches = [int(b) for b in args.batches.split(",")]
+    keys = [(method, b) for method in args.methods.split(",") for b in batches]
+    runs: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+    ids: dict[tuple[str, int], list[list[int]]] = {}
+    same = dict.fromkeys(keys, True)        # every run of the row gave the same tokens
+    for _ in range(args.repeats):
+        for key in keys:
+            model.state.clear()      # every run starts as cold as the first
             begin = time.perf_counter()
-            results = longspec.generate_many(model, prompts, max_batch=max_batch,
-                                             method=method, **settings)
+            results = longspec.generate_many(model, prompts, max_batch=key[1], method=key[0],
+                                             **settings)
             seconds = time.perf_counter() - begin
-            ids = [r.token_ids for r in results]
-            alone.setdefault(method, ids)
-            tokens = sum(len(t) for t in ids)
-            rows.append({"method": method, "max_batch": max_batch, "seconds": round(seconds, 2),
-                         "new_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1),
-                         "identical_to_one_at_a_time": ids == alone[method],
-                         "answer_end": [answer_end(t, set(model.eos_token_ids)) for t in ids],
-                         "distinct4": [round(distinct_n(t, 4), 2) for t in ids]})
-            print(json.dumps(rows[-1]), flush=True)
+            got = [r.token_ids for r in results]
+            same[key] = same[key] and ids.setdefault(key, got) == got
+            runs[key].append(sum(len(t) for t in got) / seconds)
+    rows = []
+    for key in keys:
+        got, rates = ids[key], runs[key]
+        rows.append({"method": key[0], "max_batch": key[1],
+                     "new_tokens": sum(len(t) for t in got),
+                     "tokens_per_s": round(sorted(rates)[len(rates) // 2], 1),
+                     "runs_tokens_per_s": [round(r, 1) for r in rates],
+                     "identical_to_one_at_a_time": same[key] and got == ids[key[0], batches[0]],
+                     "answer_end": [answer_end(t, set(model.eos_token_ids)) for t in got],
+                     "distinct4": [round(distinct_n(t, 4), 2) for t in got]})
+        print(json.dumps(rows[-1]), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
 
