@@ -51,6 +51,7 @@ def test_one_forward_over_several_generations_gives_each_its_forward_alone(dtype
     for k, (out, alone) in enumerate(zip(outs, expected)):
         assert torch.equal(out.logits, alone.logits), f"generation {k}'s logits differ"
         assert torch.equal(out.hidden, alone.hidden), f"generation {k}'s hidden states differ"
+        assert torch.equal(out.top_tokens(8), alone.top_tokens(8))     # taken once for all rows
 
 
 def method_request(entry: str, prompt: str, setting: str, new_tokens: int, dtype: str,

@@ -2,14 +2,18 @@
 size had been measured; its calibration recovers from an unlucky start."""
 
 import random
+import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from longspec.batching import BatchCost
 from longspec.drafters.auto import AutoDrafter, StepRates
 from longspec.drafters.base import Budget
 from longspec.sampler import Sampler
 from longspec.sampling import SamplingConfig
+from longspec.shared import StepCostTable
 from longspec.sizing import Calibration, Sizer, StepCost, generation_sizer
 from longspec.tree import DraftTree
 
@@ -128,6 +132,21 @@ def test_a_source_whose_first_drafts_all_failed_is_tested_again():
             accepted.append(len(accepted))
         s.record(chosen, accepted)
     assert s.choose(tree, 0.001, 16).n > 4
+
+
+def test_a_batch_prices_the_rows_past_its_roots_as_a_step_grows_from_as_many_rows():
+    s, measured, _ = sizer(48)
+    widest = SimpleNamespace(sizer=s)
+    table = StepCostTable(threading.Lock())
+    batch = BatchCost(table, 4, 400, widest)
+    # no plain step of 4 seen yet: one generation's step over 4 rows stands in for it
+    assert batch(4) == pytest.approx(s.cost(4))
+    assert batch(20) - batch(4) == pytest.approx(s.cost(20) - s.cost(4))
+    assert measured == [1, 2, 4, 8, 16, 32]          # timing steps of one generation only
+    batch.observe(4, 0.01)                           # a real plain step of the batch
+    seen = BatchCost(table, 4, 400, widest)
+    assert seen(4) == pytest.approx(0.01)
+    assert seen(20) == pytest.approx(0.01 + s.cost(20) - s.cost(4))
 
 
 def test_the_time_spent_measuring_is_counted():
