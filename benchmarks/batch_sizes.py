@@ -8,7 +8,10 @@ gives the aggregate tokens/s (all new tokens over the wall time of the set: the 
 --repeats runs, interleaved so that drift hits every row alike) and whether every prompt got
 the tokens it gets at max_batch 1; the set's answers give where each reached end-of-sequence
 and their distinct-4 (the same text in every row). Where more prompts than max_batch wait, a
-generation joins as another ends (continuous batching).
+generation joins as another ends (continuous batching). Each run starts from a cleared model
+state, so it times its step costs cold; with --warm-costs each row first runs once untimed and
+the timed runs forget only what was learned of the text (`SharedState.forget_text`: a server's
+state after its first requests, without their outputs to copy).
 
     python benchmarks/batch_sizes.py --model smollm2 --prompts 8 --new-tokens 256 \\
         --methods ar,auto --batches 1,2,4,8 --out batch_sizes.json
@@ -41,6 +44,8 @@ def main() -> None:
     p.add_argument("--respect-eos", action="store_true", help="end each answer at its "
                    "end-of-sequence")
     p.add_argument("--repeats", type=int, default=1, help="runs per row (median reported)")
+    p.add_argument("--warm-costs", action="store_true", help="step costs timed in an untimed "
+                   "first run of each row, kept for the timed ones")
     p.add_argument("--out")
     args = p.parse_args()
     model = longspec.load_model(args.model)
@@ -55,9 +60,16 @@ def main() -> None:
     runs: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
     ids: dict[tuple[str, int], list[list[int]]] = {}
     same = dict.fromkeys(keys, True)        # every run of the row gave the same tokens
+    model.state.clear()
+    if args.warm_costs:
+        for key in keys:
+            longspec.generate_many(model, prompts, max_batch=key[1], method=key[0], **settings)
     for _ in range(args.repeats):
         for key in keys:
-            model.state.clear()      # every run starts as cold as the first
+            if args.warm_costs:
+                model.state.forget_text()
+            else:
+                model.state.clear()      # every run starts as cold as the first
             begin = time.perf_counter()
             results = longspec.generate_many(model, prompts, max_batch=key[1], method=key[0],
                                              **settings)

@@ -109,9 +109,14 @@ class SharedState:
         with self._lock:
             return self.suffix_outputs.matched(committed, depth)
 
-    def clear(self) -> None:
-        """Forget everything (a fresh model's state)."""
-        self.step_costs.clear()
+    def forget_text(self) -> None:
+        """Forget what generations learned of the text they wrote (the suffix index of earlier
+        outputs, the hot starts), keeping what they measured of the machine (step costs)."""
         with self._lock:
             self.suffix_outputs = SuffixIndex()
             self._hot.clear()
+
+    def clear(self) -> None:
+        """Forget everything (a fresh model's state)."""
+        self.step_costs.clear()
+        self.forget_text()

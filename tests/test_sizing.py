@@ -13,7 +13,7 @@ from longspec.drafters.auto import AutoDrafter, StepRates
 from longspec.drafters.base import Budget
 from longspec.sampler import Sampler
 from longspec.sampling import SamplingConfig
-from longspec.shared import StepCostTable
+from longspec.shared import SharedState, StepCostTable
 from longspec.sizing import Calibration, Sizer, StepCost, generation_sizer
 from longspec.tree import DraftTree
 
@@ -147,6 +147,20 @@ def test_a_batch_prices_the_rows_past_its_roots_as_a_step_grows_from_as_many_row
     seen = BatchCost(table, 4, 400, widest)
     assert seen(4) == pytest.approx(0.01)
     assert seen(20) == pytest.approx(0.01 + s.cost(20) - s.cost(4))
+
+
+def test_forgetting_the_text_keeps_the_step_costs_and_clearing_does_not():
+    state = SharedState()
+    state.step_costs.record(1, 8, 100, 0.01)
+    state.publish(("calibration", "auto"), Calibration())
+    state.remember_output([5, 6, 7, 8, 9, 5, 6, 7])
+    assert state.earlier_matches([5, 6], 4)[0] > 0
+    state.forget_text()
+    assert state.step_costs.lookup(1, 8, 100) == 0.01
+    assert state.checkout(("calibration", "auto"), lambda: "fresh") == "fresh"
+    assert state.earlier_matches([5, 6], 4)[0] == 0
+    state.clear()
+    assert state.step_costs.lookup(1, 8, 100) is None
 
 
 def test_the_time_spent_measuring_is_counted():
