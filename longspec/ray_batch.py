@@ -1,8 +1,10 @@
 """`longspec batch --ray ADDRESS`: a batch job's lines spread over Ray actors, one loaded model
-each, on one machine or a cluster (`pip install -e ".[ray]"`). The driver hands each actor a
-line at a time and writes the results as batch.py does: in input order, each line once and
-whole, the same line a run without Ray writes where the actor's CPU has the driver's kernel
-profile (a line's tokens are those of the machine that ran it).
+each, on one machine or a cluster (`pip install -e ".[ray]"`). The driver keeps `max_batch`
+lines under way on each actor, which steps them together as the server does (serve/worker.py:
+one thread runs its batch; a line joins as another ends), and writes the results as batch.py
+does: in input order, each line once and whole, the same line a run without Ray writes where
+the actor's CPU has the driver's kernel profile (a line's tokens are those of the machine that
+ran it).
 
 A killed job run again keeps its finished lines and starts the others from their beginning:
 the lines under way on the actors are not checkpointed (run without --ray for that).
@@ -10,6 +12,8 @@ the lines under way on the actors are not checkpointed (run without --ray for th
 
 from __future__ import annotations
 
+import asyncio
+import math
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,34 +22,48 @@ from pathlib import Path
 import torch
 
 from .batch import Line, append_line, line_sidecar, pending, result_line
+from .batching import DEFAULT_MAX_BATCH
 
 LOCAL = "local"     # --ray local: start a Ray instance on this machine for the job
 
 
 class BatchActor:
-    """One loaded model (and draft model) generating the lines it is handed."""
+    """One loaded model (and draft model) generating the lines it is handed, up to `max_batch`
+    at once (an async Ray actor: each line waits on the asyncio side while the worker thread
+    steps the batch)."""
 
-    def __init__(self, model_args: dict, draft_args: dict | None, threads: int):
+    def __init__(self, model_args: dict, draft_args: dict | None, threads: int,
+                 max_batch: int):
         from .models import load_model
+        from .serve.worker import Worker, on_own_thread
 
         torch.set_num_threads(threads)
-        self.model = load_model(**model_args)
-        self.draft = None if draft_args is None else load_model(**draft_args)
+        self.model, self.draft = on_own_thread(lambda: (
+            load_model(**model_args), None if draft_args is None else load_model(**draft_args)))
+        self.worker = Worker(max_batch, on_result=lambda _: None, max_batch=max_batch)
 
-    def run(self, line: Line) -> dict:
+    async def run(self, line: Line) -> dict:
         from .api import stream_request
+        from .serve.worker import Finished, Job
 
         r = line.request if self.draft is None else replace(line.request, draft_model=self.draft)
-        s = stream_request(self.model, r)
-        for _ in s:
-            pass
-        return result_line(line.id, s.result)
+        s = await asyncio.wrap_future(self.worker.call(lambda: stream_request(self.model, r)))
+        job = Job(s, math.inf, asyncio.get_running_loop())
+        self.worker.submit(job)
+        event = None
+        while not isinstance(event, Finished):
+            event = await job.events.get()
+        if event.error is not None:
+            raise RuntimeError(f"line {line.id}: {event.error}")
+        return result_line(line.id, event.result)
 
 
 def run_batch_ray(address: str, actors: int, model_args: dict, draft_args: dict | None,
-                  lines: list[Line], out: str | Path, progress: bool = True) -> Iterator[dict]:
+                  lines: list[Line], out: str | Path, progress: bool = True,
+                  max_batch: int = DEFAULT_MAX_BATCH) -> Iterator[dict]:
     """Generate each line not yet in `out` on `actors` Ray actors (of the cluster at `address`,
-    or LOCAL), appending the results to `out` in input order; yields them as written."""
+    or LOCAL), `max_batch` at a time on each, appending the results to `out` in input order;
+    yields them as written."""
     import ray
 
     out = Path(out)
@@ -59,15 +77,16 @@ def run_batch_ray(address: str, actors: int, model_args: dict, draft_args: dict 
     try:
         cpus = max(1, int(ray.available_resources().get("CPU", 1)) // actors)
         actor = ray.remote(num_cpus=cpus)(BatchActor)
-        workers = [actor.remote(model_args, draft_args, cpus) for _ in range(actors)]
+        workers = [actor.remote(model_args, draft_args, cpus, max_batch) for _ in range(actors)]
         running = {}                          # object ref -> (worker, index in todo)
         ready: dict[int, dict] = {}
         queue = iter(range(len(todo)))
         written = 0
-        for worker in workers:
-            index = next(queue, None)
-            if index is not None:
-                running[worker.run.remote(todo[index])] = (worker, index)
+        for _ in range(max_batch):
+            for worker in workers:
+                index = next(queue, None)
+                if index is not None:
+                    running[worker.run.remote(todo[index])] = (worker, index)
         while running:
             (ref,), _ = ray.wait(list(running), num_returns=1)
             worker, index = running.pop(ref)

@@ -10,7 +10,6 @@ one server where the replicas' CPUs have this one's kernel profile.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 LOCAL = "local"     # --ray local: start a Ray instance on this machine
 
@@ -23,15 +22,11 @@ def replica_app(model_args: dict, draft_args: dict | None, config_args: dict, th
 
     from .models import load_model
     from .serve import ServeConfig, create_app
+    from .serve.worker import on_own_thread
 
     torch.set_num_threads(threads)
-
-    def load() -> tuple:
-        return (load_model(**model_args),
-                None if draft_args is None else load_model(**draft_args))
-
-    with ThreadPoolExecutor(1, thread_name_prefix="longspec-load") as pool:
-        model, draft = pool.submit(load).result()
+    model, draft = on_own_thread(lambda: (
+        load_model(**model_args), None if draft_args is None else load_model(**draft_args)))
     return create_app(model, ServeConfig(**config_args, draft_model=draft))
 
 

@@ -146,8 +146,9 @@ def test_bad_input_is_refused_naming_the_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_job_on_a_local_ray_cluster_writes_the_same_lines(tmp_path, reference):
-    """Two Ray actors (a real local Ray instance, one loaded model each) write the file the job
-    writes without Ray, its finished lines kept and a torn one cut off."""
+    """Two Ray actors (a real local Ray instance, one loaded model each, stepping the lines they
+    hold together) write the file the job writes without Ray, its finished lines kept and a
+    torn one cut off."""
     pytest.importorskip("ray")
     prompts, out = write_prompts(tmp_path / "prompts.jsonl"), tmp_path / "out.jsonl"
     first_two = "".join(reference.splitlines(keepends=True)[:2])

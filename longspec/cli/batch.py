@@ -88,6 +88,6 @@ def run_on_ray(args, lines) -> int:
 
     draft = None if args.draft_model is None else model_args(args.draft_model, args)
     for _ in run_batch_ray(args.ray, args.ray_actors, model_args(args.model, args), draft, lines,
-                           args.out, progress=not args.no_progress):
+                           args.out, progress=not args.no_progress, max_batch=args.max_batch):
         pass
     return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 from .flags import load_from_args, load_optional, model_args, model_flags
 
@@ -97,13 +96,11 @@ def run(args) -> int:
 
 
 def _load_on_own_thread(args) -> tuple:
-    """The model and the draft model, loaded on a thread that then ends, its OpenMP threads with
-    it: the server's worker thread is then the only one running the model (serve/worker.py)."""
-    def load() -> tuple:
-        return load_from_args(args.model, args), load_optional(args.draft_model, args)
+    """The model and the draft model, loaded on a thread that then ends (serve/worker.py)."""
+    from ..serve.worker import on_own_thread
 
-    with ThreadPoolExecutor(1, thread_name_prefix="longspec-load") as pool:
-        return pool.submit(load).result()
+    return on_own_thread(lambda: (load_from_args(args.model, args),
+                                  load_optional(args.draft_model, args)))
 
 
 def _serve_on_ray(args) -> int:

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -39,6 +39,13 @@ class Finished:
 
 class QueueFull(Exception):
     pass
+
+
+def on_own_thread(function: Callable[[], T]) -> T:
+    """`function()` run on a thread that then ends, its OpenMP threads with it: loading a model
+    there leaves a Worker's thread the only one that runs it (see Worker)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="longspec-load") as pool:
+        return pool.submit(function).result()
 
 
 class Job:
