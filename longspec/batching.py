@@ -199,6 +199,7 @@ class BatchCost:
         self._plain: float | None = None
 
     def plain_step(self) -> float:
+        """Seconds of the batch's plain step (see the class's docstring)."""
         seen = self.table.lookup(self.members, self.members, self.context)
         return self.extra(self.members) if seen is None else seen
 

@@ -30,7 +30,7 @@ Head = Callable[[torch.Tensor], torch.Tensor]
 class TopTokens:
     """The likeliest tokens of every row of a forward's logits, taken in one call over all
     its rows (in parallel) the first time any generation in the forward asks: 8 SmolLM2 rows
-    take 150 us so against 390 us one row at a time."""
+    take 150 us this way, 390 us one row at a time."""
 
     def __init__(self, logits: torch.Tensor):
         self.logits = logits
