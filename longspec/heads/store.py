@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from pathlib import Path
 
 import torch
@@ -19,11 +20,23 @@ KINDS = ("eagle", "heads")
 ZOO_DRAFTERS = Path(__file__).resolve().parent.parent / "zoo" / "drafters"
 
 
+# by the loaded network, whose weights do not change: reading the probe costs ~2 ms, paid
+# twice by every `auto` generation otherwise (its drafter looked up)
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def fingerprint(model) -> str:
     """Identifies the base model by its shape and the signs of some of its weights (signs
     survive loading a checkpoint in another dtype, or quantized; values would not). The
     embedding and the final norm are dense in every load (for tied embeddings this probe is
     the one earlier versions took from the LM head)."""
+    found = _FINGERPRINTS.get(model.net)
+    if found is None:
+        found = _FINGERPRINTS[model.net] = _fingerprint(model)
+    return found
+
+
+def _fingerprint(model) -> str:
     c = model.config
     net = model.net
     probe = torch.cat([net.embed[:4].flatten(), net.norm.flatten(), net.embed[-4:].flatten()])
