@@ -14,7 +14,10 @@ of its step, so under load speculation shrinks, and a step is never sized slower
 batch's plain step (every tree its root alone) is expected to be. Whether to draft at all is
 measured twice: the batch's drafting steps against its plain steps (Batch.gate), and each
 drafter's own gate (auto's), of its proposal's seconds and its share of the rest
-(TargetOutput.seconds: the forward split by rows).
+(TargetOutput.seconds: the forward split by rows). In the batch's plain steps a member whose
+drafter is sure of its tree still drafts (Drafter.propose_if_sure: `auto` where its suffix
+matches are sure, as in its own plain steps alone), so a generation that copies or repeats
+itself is not held to plain steps by the others.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ class Batch:
         self.model = model
         self.members: list[Stream] = []
         # drafting at all (True) or a plain step for every member whose drafter allows one
-        # (False), as measured in the batch's new tokens a second (auto.py's gate, for a batch)
+        # and is not sure of a tree (False), as measured in the batch's new tokens a second
+        # (auto.py's gate, for a batch)
         self.gate = StepRates(retried=(True,))
         self._memory: PeakMemory | None = None     # while it has members
 
@@ -131,7 +135,12 @@ class Batch:
 
     @staticmethod
     def _plain_step(e: Engine) -> tuple[DraftTree, float]:
-        """The member's root alone, its drafter not asked."""
+        """The member's root alone, unless its drafter is sure of a tree (propose_if_sure),
+        and the seconds that took."""
+        begin = time.perf_counter()
+        tree = e.drafter.propose_if_sure(e.tokens, e.budget)
+        if tree is not None:
+            return tree, time.perf_counter() - begin
         e.drafter.plain_step()
         return DraftTree.chain(e.tokens[-1:], e.device), 0.0
 

@@ -109,6 +109,11 @@ class SharedState:
         with self._lock:
             return self.suffix_outputs.matched(committed, depth)
 
+    def seen_earlier(self, committed: list[int]) -> bool:
+        """Whether `committed`'s end occurs in earlier outputs (SuffixIndex.seen)."""
+        with self._lock:
+            return self.suffix_outputs.seen(committed)
+
     def forget_text(self) -> None:
         """Forget what generations learned of the text they wrote (the suffix index of earlier
         outputs, the hot starts), keeping what they measured of the machine (step costs)."""

@@ -58,6 +58,16 @@ class SuffixIndex:
                 return best, [end for length, end in found if length == best]
         return 0, []
 
+    def seen(self, suffix: list[int]) -> bool:
+        """Whether `suffix`'s last MAX_N tokens occur in this sequence with a continuation: a
+        test in O(1) before `matches` (a hash collision may answer True)."""
+        if len(suffix) < MAX_N:
+            return False
+        end = self._last[MAX_N].get(hash(tuple(suffix[-MAX_N:])), -1)
+        if end == len(self.tokens):        # the sequence's own end: no continuation
+            end = self._prev[MAX_N][end]
+        return end >= 0
+
     def matched(self, suffix: list[int], depth: int) -> tuple[int, list[list[int]]]:
         """The longest match of `suffix`'s end, and the continuations (at most `depth` tokens)
         of its occurrences."""

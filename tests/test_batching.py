@@ -12,6 +12,7 @@ from helpers import DEVICE
 from test_lossless import METHODS, OPTIONS, SETTINGS, models, prompts
 
 import longspec
+from longspec import batching
 from longspec.batching import run_batch
 from longspec.cache import StaticCache
 from longspec.models.prefill import prefill
@@ -116,6 +117,26 @@ def test_two_streams_interleaved_on_one_model_each_write_what_they_write_alone(m
     for s, prompt in ((first, PROMPTS[0]), (second, PROMPTS[1])):
         expect = longspec.generate(target, prompt, **{**settings, "method": "ar"}).token_ids
         assert s.result.token_ids == expect
+
+
+def test_a_member_sure_of_its_drafts_drafts_in_the_batchs_plain_steps(monkeypatch):
+    """The batch held to plain steps: `auto` still drafts where its suffix matches are sure
+    (a text that repeats itself), the others take plain steps, and each writes what it
+    writes alone."""
+    class Plain(batching.StepRates):
+        def choose(self) -> bool:
+            return False
+
+    monkeypatch.setattr(batching, "StepRates", Plain)
+    target, _ = models("float32")
+    looping = "one two three four five six. " * 12
+    settings = {"max_new_tokens": 48, "ignore_eos": True, "seed": 2, "method": "auto",
+                "sampling": SETTINGS["greedy"]}
+    results = longspec.generate_many(target, [looping, PROMPTS[0]], max_batch=2, **settings)
+    for r, prompt in zip(results, [looping, PROMPTS[0]]):
+        expect = longspec.generate(target, prompt, **{**settings, "method": "ar"}).token_ids
+        assert r.token_ids == expect
+    assert results[0].stats["accepted_draft_tokens"] > 0
 
 
 def test_generate_many_keeps_the_prompts_order_and_stream_many_names_each_chunk():

@@ -132,3 +132,18 @@ def test_suffix_drafts_a_long_copy_as_a_deep_chain_and_a_short_match_as_a_guess(
     assert tree.scores[-1] > 0.3
     tree = drafted([7, passage[0]])            # matches the passage's first token only
     assert 1 < tree.n <= 3 and tree.scores[1] < 0.5
+
+
+def test_suffix_repeats_says_whether_the_texts_end_occurred_before_in_any_index():
+    """The O(1) test before a lookup: the text's last four tokens seen earlier in the text,
+    in the prediction or in earlier outputs; never the text's own end."""
+    shared = SharedState()
+    drafter = SuffixDrafter(SimpleNamespace(state=shared), CPU, prediction=(50, 51, 52, 53, 54))
+    drafter.prefill([1, 2, 3, 4, 5, 6], None)
+    assert not drafter.repeats([1, 2, 3, 4, 5, 6])
+    assert drafter.repeats([1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4])
+    assert drafter.repeats([1, 2, 3, 4, 5, 6, 50, 51, 52, 53])
+    assert not drafter.repeats([1, 2, 3, 4, 5, 6, 51, 52, 53, 54])   # the prediction's end
+    shared.remember_output([20, 21, 22, 23, 24])
+    assert drafter.repeats([1, 2, 3, 4, 5, 6, 20, 21, 22, 23])
+    assert not drafter.repeats([1, 2, 3, 4, 5, 6, 21, 22, 24, 23])

@@ -49,6 +49,12 @@ class Drafter(ABC):
     def propose(self, committed: list[int], budget: Budget) -> DraftTree:
         """A draft tree rooted at committed[-1]."""
 
+    def propose_if_sure(self, committed: list[int], budget: Budget) -> DraftTree | None:
+        """In a step a batch takes plain (where `plain_steps`): a tree the drafter is sure
+        enough of to pay there too, or None (the default), and the step is plain for it
+        (`plain_step` follows)."""
+        return None
+
     def plain_step(self) -> None:
         """This step is a plain one, taken without `propose` (where `plain_steps`)."""
 

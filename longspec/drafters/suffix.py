@@ -99,6 +99,14 @@ class SuffixDrafter(TrieDrafter):
                 cap = min(budget.max_nodes - 1, math.ceil(ALPHA * length))
                 add_counted_tree(trie, continuations, cap, source, length)
 
+    def repeats(self, committed: list[int]) -> bool:
+        """Whether the text's last tokens occurred before, in it, in the prediction or in
+        earlier outputs (SuffixIndex.seen): where they did not, every match is shorter
+        than SuffixIndex's MAX_N tokens."""
+        self.local.extend(committed[len(self.local.tokens):])
+        return (any(index.seen(committed) for _, index in self.indexes)
+                or self.shared.seen_earlier(committed))
+
     def finish(self, tokens: list[int]) -> None:
         self.shared.remember_output(tokens[self.prompt_len:])
 
