@@ -236,10 +236,12 @@ class Engine:
 
     def finish(self) -> None:
         """The generation ended (or stopped): what its drafters and its sizer learned goes
-        to the model's shared state, for the generations after it."""
+        to the model's shared state, for the generations after it (the step costs to their
+        file too, for later processes)."""
         self.drafter.finish(self.tokens)
         self.model.state.publish(calibration_key(self.method, self.sampler.config),
                                  self.sizer.calibration)
+        self.model.state.step_costs.save()
 
     def result_stats(self) -> dict:
         return {**self.stats.as_dict(), **self.drafter.stats()}

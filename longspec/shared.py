@@ -8,7 +8,8 @@ lock, so generations on several threads (or interleaved on one) may use it at on
   generation adds its output to and every generation drafts from;
 - `step_costs`: seconds of a target step, keyed by the generations in the step, its rows and
   the context (bucketed as sizing.py measures again), so that a later generation or batch need
-  not measure a size again;
+  not measure a size again; kept across processes in a file of longspec's cache directory
+  (`StepCostTable.keep_in`), so that a process does not measure them again either;
 - hot starts (`checkout`, `publish`): what a method learns over a generation (its
   calibration, Token Recycling's adjacency matrix) as the last generation to end left it. A
   generation starts from a copy and hands its own back when it ends; no generation sees
@@ -21,9 +22,12 @@ which drafts are verified.
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,11 +47,22 @@ def context_bucket(context: int) -> int:
 
 
 class StepCostTable:
-    """Measured seconds of target steps: (generations, rows, context bucket) -> the fastest seen."""
+    """Measured seconds of target steps: (generations, rows, context bucket) -> the fastest seen.
+
+    `keep_in` reads what earlier processes timed for the same host, kernel profile, model and
+    threads (a key in one JSON file), and `save` writes this process's timings back. An entry
+    read counts until this process times a step of it, whose seconds then replace it, faster
+    or not (then the fastest seen, as always): carried over as the fastest ever, the entries
+    would sink to the luckiest timing of every earlier run, which a busier machine would not
+    see again. Measured on SmolLM2 (2 cores, T=0.7, 512 tokens): `auto` with its step costs
+    timed took 7% longer than with them known (2.41 s against 2.25 s), 3% of it timing steps."""
 
     def __init__(self, lock: threading.Lock):
         self._lock = lock
         self._seconds: dict[tuple[int, int, int], float] = {}
+        self._read: set[tuple[int, int, int]] = set()   # from the file, not timed here yet
+        self._file: tuple[Path, str] | None = None
+        self._unsaved = False
 
     def lookup(self, generations: int, rows: int, context: int) -> float | None:
         with self._lock:
@@ -57,12 +72,44 @@ class StepCostTable:
         key = (generations, rows, context_bucket(context))
         with self._lock:
             known = self._seconds.get(key)
-            if known is None or seconds < known:
+            if known is None or seconds < known or key in self._read:
                 self._seconds[key] = seconds
+                self._read.discard(key)
+                self._unsaved = True
+
+    def keep_in(self, path: Path, key: str) -> None:
+        """Take the entries kept under `key` in the JSON file at `path` (see the class's
+        docstring), and keep this process's there (`save`)."""
+        with self._lock:
+            self._file = (path, key)
+            for entry, seconds in _read_json(path).get(key, {}).items():
+                at = tuple(int(v) for v in entry.split())
+                if at not in self._seconds:
+                    self._seconds[at] = float(seconds)
+                    self._read.add(at)
+
+    def save(self) -> None:
+        """Write the entries timed in this process to the file of `keep_in`, over what other
+        processes wrote there for them; a file that cannot be written is left as it is."""
+        with self._lock:
+            if self._file is None or not self._unsaved:
+                return
+            path, key = self._file
+            known = _read_json(path)
+            known[key] = {**known.get(key, {}),
+                          **{" ".join(map(str, at)): seconds
+                             for at, seconds in self._seconds.items() if at not in self._read}}
+            try:
+                write_json(path, known)
+                self._unsaved = False
+            except OSError:
+                pass
 
     def clear(self) -> None:
+        """Forget every entry, those read from the file too (it is not changed)."""
         with self._lock:
             self._seconds.clear()
+            self._read.clear()
 
     def fastest(self, rows: int) -> float | None:
         """The fastest step of one generation over `rows` rows at any context (None before
@@ -70,6 +117,24 @@ class StepCostTable:
         with self._lock:
             seen = [s for (g, r, _), s in self._seconds.items() if g == 1 and r == rows]
         return min(seen) if seen else None
+
+
+def _read_json(path: Path) -> dict:
+    """The JSON object in the file at `path`; empty where it is missing or unreadable."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Replace the file at `path` with `value` as JSON at once (a reader sees the old file or
+    the new one, never half of one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
 
 
 def _copy(value: Any) -> Any:

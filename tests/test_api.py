@@ -1,4 +1,5 @@
-"""The public API on a tiny checkpoint: stream equals generate, early close keeps the text."""
+"""The public API on a tiny checkpoint: stream equals generate, early close keeps the text;
+a model's step costs outlive its process."""
 
 import time
 
@@ -6,6 +7,7 @@ import pytest
 from helpers import make_checkpoint
 
 import longspec
+from longspec.models.loader import STEP_COSTS_FILE
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +115,13 @@ def test_two_streams_on_one_model_advanced_in_turn_give_what_each_gives_alone():
             else:
                 written[i] += chunk.token_ids
     assert written == alone
+
+
+def test_a_loaded_model_keeps_its_step_costs_where_the_next_load_finds_them(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setenv("LONGSPEC_HOME", str(tmp_path))
+    model = longspec.load_model("demo")
+    longspec.generate(model, "def f(x):", max_new_tokens=24, method="auto", ignore_eos=True)
+    assert (tmp_path / STEP_COSTS_FILE).is_file()
+    again = longspec.load_model("demo")
+    assert again.state.step_costs.fastest(1) == model.state.step_costs.fastest(1) is not None

@@ -163,6 +163,40 @@ def test_forgetting_the_text_keeps_the_step_costs_and_clearing_does_not():
     assert state.step_costs.lookup(1, 8, 100) is None
 
 
+def test_step_costs_are_kept_across_processes_and_replaced_once_timed_again(tmp_path):
+    """What one process timed, the next reads for the same key (not for another); an entry
+    read is replaced by this process's first timing of it, slower or not; a save keeps the
+    entries other processes wrote; an unreadable file is an empty one."""
+    path = tmp_path / "step-costs.json"
+    first = StepCostTable(threading.Lock())
+    first.keep_in(path, "host A")
+    first.record(1, 8, 100, 0.010)
+    first.record(4, 4, 3000, 0.020)
+    first.save()
+    other = StepCostTable(threading.Lock())
+    other.keep_in(path, "host B")
+    other.record(1, 8, 100, 0.5)
+    other.save()
+    second = StepCostTable(threading.Lock())
+    second.keep_in(path, "host A")
+    assert second.lookup(1, 8, 100) == 0.010 and second.lookup(4, 4, 3000) == 0.020
+    second.record(1, 8, 100, 0.012)          # timed here: a busier machine today
+    assert second.lookup(1, 8, 100) == 0.012
+    second.record(1, 8, 100, 0.015)          # then the fastest seen, as always
+    assert second.lookup(1, 8, 100) == 0.012
+    second.save()
+    third = StepCostTable(threading.Lock())
+    third.keep_in(path, "host A")
+    assert third.lookup(1, 8, 100) == 0.012 and third.lookup(4, 4, 3000) == 0.020
+    assert third.lookup(1, 2, 100) is None
+    third.clear()
+    assert third.lookup(1, 8, 100) is None
+    path.write_text("{not json")
+    broken = StepCostTable(threading.Lock())
+    broken.keep_in(path, "host A")
+    assert broken.lookup(1, 8, 100) is None
+
+
 def test_the_time_spent_measuring_is_counted():
     s, _, _ = sizer(16)
     s.cost(4)

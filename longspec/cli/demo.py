@@ -113,10 +113,11 @@ def run_demo(model, write: Callable[[str], None], method: str = "auto",
                     (CODE_PROMPT, WARM_CODE))
     settings = {"sampling": SAMPLING, "seed": 0, "ignore_eos": not chat}
     # a first generation pays the process's one-time costs (threads, buffers), which the timed
-    # ones should not; what it taught the model (its text in the suffix index, the recycling
-    # matrix, calibrations, step costs) is forgotten, so the answer starts as on a fresh model
+    # ones should not; what it taught the model of its text (the suffix index, the recycling
+    # matrix, calibrations) is forgotten, so the answer starts as on a fresh model; the step
+    # costs it timed are kept, as a fresh model reads those of earlier runs (shared.py)
     generate(model, warm, max_new_tokens=WARM_TOKENS, method=method, **settings)
-    model.state.clear()
+    model.state.forget_text()
     s = stream(model, prompt, max_new_tokens=max_new_tokens, method=method, **settings)
     for chunk in s:
         write(chunk.text)

@@ -23,12 +23,14 @@ from .build import build_transformer
 from .config import ModelConfig, as_ids, read_config
 from .profile import KernelProfile
 from .quant import QUANTIZE
-from .selfcheck import checked_profile
-from .sources import Source, demo_path, resolve_source
+from .selfcheck import checked_profile, shape_key
+from .sources import Source, demo_path, longspec_home, resolve_source
 from .transformer import Transformer
 
 __all__ = ["Model", "build_transformer", "demo_path", "load_model", "load_tokenizer",
            "read_tensors", "resolve_device", "resolve_dtype"]
+# the file in longspec's cache directory that keeps step costs across processes
+STEP_COSTS_FILE = "step-costs.json"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 # 'auto' on a CPU, by measurement (docs/benchmarks/): float32 for models below this many
@@ -257,4 +259,11 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
         resolve_dtype(dtype, dev)       # a bad name fails before any file is read
         model = _load_checkpoint(source, dtype, dev, quantize)
     model.profile = checked_profile(model.net)
+    model.state.step_costs.keep_in(longspec_home() / STEP_COSTS_FILE, step_costs_key(model))
     return model
+
+
+def step_costs_key(model: Model) -> str:
+    """Under which key the model's step costs are kept (shared.py's StepCostTable): the host,
+    the kernel profile and the model's shapes (selfcheck.py's key), and torch's threads."""
+    return f"{shape_key(model.net, model.profile)} threads={torch.get_num_threads()}"

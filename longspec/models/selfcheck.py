@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 
 from ..cache.base import CHUNK, copy_slots
 from ..cache.full import StaticCache
+from ..shared import write_json
 from ..tree import TreeShape
 from .linear import CUDA_ROWS
 from .prefill import prefill
@@ -119,7 +119,8 @@ def _host(device: torch.device) -> str:
     return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
 
 
-def _shape_key(net, profile: KernelProfile) -> str:
+def shape_key(net, profile: KernelProfile) -> str:
+    """A digest of the host, the kernel profile and the model's shapes."""
     c = net.config
     products = [(type(p).__name__, [tuple(t.shape) for t in (*p.parameters(), *p.buffers())])
                 for p in (*net.layers[0].children(), net.lm_head)]
@@ -140,14 +141,11 @@ class _Answers:
             self.known = {}
 
     def mismatch(self, net) -> str | None:
-        key = _shape_key(net, kernel_profile(net))
+        key = shape_key(net, kernel_profile(net))
         if key not in self.known:
             self.known[key] = row_mismatch(net)
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(self.known))
-                os.replace(tmp, self.path)
+                write_json(self.path, self.known)
             except OSError:
                 pass        # a read-only home: the check runs again at the next load
         return self.known[key]
