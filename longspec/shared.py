@@ -40,6 +40,10 @@ BUCKET_BASE = 1024
 BUCKET_GROWTH = 1.25
 
 
+# keys a step-cost file keeps, the latest saved (every new code digest or model makes one)
+FILE_KEYS = 32
+
+
 def context_bucket(context: int) -> int:
     if context < BUCKET_BASE:
         return 0
@@ -96,9 +100,11 @@ class StepCostTable:
                 return
             path, key = self._file
             known = _read_json(path)
-            known[key] = {**known.get(key, {}),
-                          **{" ".join(map(str, at)): seconds
-                             for at, seconds in self._seconds.items() if at not in self._read}}
+            mine = {**known.pop(key, {}),
+                    **{" ".join(map(str, at)): seconds
+                       for at, seconds in self._seconds.items() if at not in self._read}}
+            known = {k: known[k] for k in list(known)[-(FILE_KEYS - 1):]}   # the latest saved
+            known[key] = mine
             try:
                 write_json(path, known)
                 self._unsaved = False

@@ -1,6 +1,7 @@
 """Adaptive sizing measures a step size only when a choice needs it, and chooses as if every
 size had been measured; its calibration recovers from an unlucky start."""
 
+import json
 import random
 import threading
 from types import SimpleNamespace
@@ -13,7 +14,7 @@ from longspec.drafters.auto import AutoDrafter, StepRates
 from longspec.drafters.base import Budget
 from longspec.sampler import Sampler
 from longspec.sampling import SamplingConfig
-from longspec.shared import SharedState, StepCostTable
+from longspec.shared import FILE_KEYS, SharedState, StepCostTable
 from longspec.sizing import Calibration, Sizer, StepCost, generation_sizer
 from longspec.tree import DraftTree
 
@@ -191,6 +192,13 @@ def test_step_costs_are_kept_across_processes_and_replaced_once_timed_again(tmp_
     assert third.lookup(1, 2, 100) is None
     third.clear()
     assert third.lookup(1, 8, 100) is None
+    for k in range(FILE_KEYS - 1):            # the oldest keys make room for new ones
+        table = StepCostTable(threading.Lock())
+        table.keep_in(path, f"host {k}")
+        table.record(1, 1, 100, 0.001)
+        table.save()
+    kept = json.loads(path.read_text())
+    assert len(kept) == FILE_KEYS and "host A" in kept and "host B" not in kept
     path.write_text("{not json")
     broken = StepCostTable(threading.Lock())
     broken.keep_in(path, "host A")
