@@ -94,7 +94,7 @@ class Sampler:
         row's absolute position when sampling."""
         if self.noise is None:
             return processed.argmax(dim=-1)
-        return self.noise.add(processed, positions).argmax(dim=-1)
+        return self.noise.argmax(processed, positions)
 
     def sample(self, processed: torch.Tensor) -> torch.Tensor:
         """One fresh sample per row of processed logits (Gumbel-max with the seeded generator)."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longspec.noise import PositionNoise, gumbel_at, gumbel_rows, noise_key
-from longspec.sampling import SamplingConfig, process_logits
+from longspec.sampling import NUCLEUS_FLOOR, SamplingConfig, process_logits
 
 pytestmark = pytest.mark.unit
 
@@ -194,6 +194,25 @@ def test_top_p_on_large_vocabulary_equals_sort_formula(scale):
     extra = kept(out) & ~ref
     boundary = torch.where(ref, probs, torch.inf).min(-1, keepdim=True).values
     assert (kept(out) | ~ref).all() and (probs[extra] == boundary.expand_as(probs)[extra]).all()
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.95])
+def test_top_p_rows_built_from_their_likeliest_tokens_equal_a_full_sorts(top_p):
+    """A row whose nucleus ends among its tokens of at least NUCLEUS_FLOOR probability is built
+    from them alone; every row, so built or not, is the vocabulary masked at the threshold a
+    full sort gives, bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    scales = torch.tensor([0.01, 0.5, 2.0, 4.0, 8.0, 16.0] * 4)[:, None]
+    x = torch.randn(len(scales), 49152, generator=g) * scales
+    x[0, :5] = 30.0                               # tied on the boundary
+    out = process_logits(x, SamplingConfig(top_p=top_p))
+    probs = torch.softmax(x, -1)
+    ordered = probs.sort(descending=True).values
+    keep = ((torch.cumsum(ordered, -1) - ordered) < top_p).sum(-1, keepdim=True)
+    expected = x.masked_fill(probs < ordered.gather(-1, keep - 1), NEG)
+    assert torch.equal(out, expected)
+    few = (probs >= NUCLEUS_FLOOR).sum(-1)
+    assert ((few > keep[:, 0]) & (keep[:, 0] > 1)).any() and (few <= keep[:, 0]).any()
 
 
 def test_top_p_keeps_every_token_tied_on_the_boundary_whatever_else_is_in_the_batch():
