@@ -148,29 +148,37 @@ class AutoDrafter(Drafter):
         """The trie of this step (timed: a step's seconds are its proposal's and its part of
         the rest, TargetOutput.seconds, in a batch as alone)."""
         started = time.perf_counter()
-        tree = self._propose(committed, budget, self.gate is None or self.gate.choose())
+        tree = self._propose(committed, budget)
         self.proposing = time.perf_counter() - started
         return tree
 
     def propose_if_sure(self, committed: list[int], budget: Budget) -> DraftTree | None:
-        """The trie where the suffix matches are sure of the next token (SURE_SUFFIX), as in
-        a step this drafter's own gate takes plain; their lookup only where the text's end
-        occurred before (SuffixDrafter.repeats: ~3 us a step)."""
+        """The suffix matches' trie where they are sure of the next token (SURE_SUFFIX), as
+        in a step this drafter's own gate takes plain, without the other sources' guesses
+        (rows the batch's plain step is meant to save); their lookup only where the text's end
+        occurred before (SuffixDrafter.repeats: a few us a step)."""
         if not self.suffix.repeats(committed):
             return None
         started = time.perf_counter()
-        tree = self._propose(committed, budget, False)
+        trie, sure = self._suffix_trie(committed, budget)
+        if sure < SURE_SUFFIX:
+            return None
+        self.drafting, self.step = True, None
+        tree = trie.build(self.device)
         self.proposing = time.perf_counter() - started
-        return tree if self.drafting else None
+        return tree
 
-    def _propose(self, committed: list[int], budget: Budget, drafting: bool) -> DraftTree:
-        """The trie, or the root alone where neither `drafting` nor the suffix matches are
-        sure (self.drafting says which)."""
+    def _suffix_trie(self, committed: list[int], budget: Budget) -> tuple[TrieBuilder, float]:
+        """A trie holding the suffix matches' drafts, and their likeliest next token's
+        calibrated chance."""
         trie = TrieBuilder(committed[-1], CANDIDATES * budget.max_nodes, budget.max_depth)
-        self.step = None
         self.suffix.add_drafts(trie, committed, budget)
-        sure = self.suffix_chance(trie)
-        self.drafting = drafting or sure >= SURE_SUFFIX
+        return trie, self.suffix_chance(trie)
+
+    def _propose(self, committed: list[int], budget: Budget) -> DraftTree:
+        trie, sure = self._suffix_trie(committed, budget)
+        self.step = None
+        self.drafting = self.gate is None or self.gate.choose() or sure >= SURE_SUFFIX
         if not self.drafting:                        # the root alone: a plain step
             return TrieBuilder(committed[-1], 1, budget.max_depth).build(self.device)
         models = self.eagle is not None or self.draft_model is not None
