@@ -5,13 +5,15 @@ Each row runs every prompt (chat_bench.py's, or with --sharegpt the first questi
 held-out conversations; one seed each, --new-tokens tokens, end-of-sequence ignored unless
 --respect-eos) with one method at one max_batch; max_batch 1 is the prompts one at a time. A row
 gives the aggregate tokens/s (all new tokens over the wall time of the set: the median of
---repeats runs, interleaved so that drift hits every row alike) and whether every prompt got
-the tokens it gets at max_batch 1; the set's answers give where each reached end-of-sequence
-and their distinct-4 (the same text in every row). Where more prompts than max_batch wait, a
-generation joins as another ends (continuous batching). Each run starts from a cleared model
-state, so it times its step costs cold; with --warm-costs each row first runs once untimed and
-the timed runs forget only what was learned of the text (`SharedState.forget_text`: a server's
-state after its first requests, without their outputs to copy).
+--repeats runs, interleaved so that drift hits every row alike), the median over the repeats of
+its run over the first method's at the same max_batch (run just before it), and whether every
+prompt got the tokens it gets at max_batch 1; the set's answers give where each reached
+end-of-sequence and their distinct-4 (the same text in every row). Where more prompts than
+max_batch wait, a generation joins as another ends (continuous batching). Each run starts
+from a cleared model state, so it times its step costs cold; with --warm-costs each row first
+runs once untimed and the timed runs forget only what was learned of the text
+(`SharedState.forget_text`: a server's state after its first requests, without their outputs
+to copy).
 
     python benchmarks/batch_sizes.py --model smollm2 --prompts 8 --new-tokens 256 \\
         --methods ar,auto --batches 1,2,4,8 --out batch_sizes.json
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -56,7 +59,10 @@ def main() -> None:
                                                                top_p=args.top_p)}
     longspec.generate(model, prompts[0], max_new_tokens=16)         # warm-up
     batches = [int(b) for b in args.batches.split(",")]
-    keys = [(method, b) for method in args.methods.split(",") for b in batches]
+    methods = args.methods.split(",")
+    # a max_batch's methods back to back, so that a ratio of one repeat's runs is of runs
+    # seconds apart (the machine's speed drifts by up to 25% over minutes)
+    keys = [(method, b) for b in batches for method in methods]
     runs: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
     ids: dict[tuple[str, int], list[list[int]]] = {}
     same = dict.fromkeys(keys, True)        # every run of the row gave the same tokens
@@ -80,10 +86,12 @@ def main() -> None:
     rows = []
     for key in keys:
         got, rates = ids[key], runs[key]
+        ratios = [r / first for r, first in zip(rates, runs[methods[0], key[1]])]
         rows.append({"method": key[0], "max_batch": key[1],
                      "new_tokens": sum(len(t) for t in got),
-                     "tokens_per_s": round(sorted(rates)[len(rates) // 2], 1),
+                     "tokens_per_s": round(statistics.median(rates), 1),
                      "runs_tokens_per_s": [round(r, 1) for r in rates],
+                     f"over_{methods[0]}": round(statistics.median(ratios), 3),
                      "identical_to_one_at_a_time": same[key] and got == ids[key[0], batches[0]],
                      "answer_end": [answer_end(t, set(model.eos_token_ids)) for t in got],
                      "distinct4": [round(distinct_n(t, 4), 2) for t in got]})

@@ -65,8 +65,8 @@ def _position_hash(key: int, position):
 # cost ~5 us an operation, 27 of them)
 FEW_POSITIONS = 64
 # Up to this many entries on a CPU, H's integer part runs on numpy arrays, ~1 us an operation
-# (the same integers; the logarithms stay torch's): 3 entries of a sampled row's nucleus took
-# 49 us, 21 us so
+# (the same integers; the logarithms stay torch's): the noise of 3 entries of a sampled row's
+# nucleus took 49 us, 30 us so (their position's hashes made into arrays by numpy too)
 FEW_ENTRIES = 4096
 
 
