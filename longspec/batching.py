@@ -15,9 +15,9 @@ batch's plain step (every tree its root alone) is expected to be. Whether to dra
 measured twice: the batch's drafting steps against its plain steps (Batch.gate), and each
 drafter's own gate (auto's), of its proposal's seconds and its share of the rest
 (TargetOutput.seconds: the forward split by rows). In the batch's plain steps a member whose
-drafter is sure of its tree still drafts (Drafter.propose_if_sure: `auto` where its suffix
-matches are sure, as in its own plain steps alone), so a generation that copies or repeats
-itself is not held to plain steps by the others.
+drafter is sure of its tree still drafts (Drafter.propose_if_sure: `auto` its suffix
+matches' drafts, where they are sure as in its own plain steps alone), so a generation that
+copies or repeats itself is not held to plain steps by the others.
 """
 
 from __future__ import annotations
