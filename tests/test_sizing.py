@@ -199,6 +199,12 @@ def test_step_costs_are_kept_across_processes_and_replaced_once_timed_again(tmp_
         table.save()
     kept = json.loads(path.read_text())
     assert len(kept) == FILE_KEYS and "host A" in kept and "host B" not in kept
+    path.write_text(json.dumps({"host A": {"1 8 100": "slow", "one": 0.1, "1 2 0": 0.003},
+                                "host B": [1, 2]}))
+    edited = StepCostTable(threading.Lock())       # entries not written by `save` left out
+    edited.keep_in(path, "host A")
+    assert edited.lookup(1, 2, 100) == 0.003 and edited.lookup(1, 8, 100) is None
+    StepCostTable(threading.Lock()).keep_in(path, "host B")
     path.write_text("{not json")
     broken = StepCostTable(threading.Lock())
     broken.keep_in(path, "host A")
