@@ -6,7 +6,8 @@ held-out conversations; one seed each, --new-tokens tokens, end-of-sequence igno
 --respect-eos) with one method at one max_batch; max_batch 1 is the prompts one at a time. A row
 gives the aggregate tokens/s (all new tokens over the wall time of the set: the median of
 --repeats runs, interleaved so that drift hits every row alike), the median over the repeats of
-its run over the first method's at the same max_batch (run just before it), and whether every
+its run over the first method's at the same max_batch (run beside it, before it in one repeat
+and after it in the next), and whether every
 prompt got the tokens it gets at max_batch 1; the set's answers give where each reached
 end-of-sequence and their distinct-4 (the same text in every row). Where more prompts than
 max_batch wait, a generation joins as another ends (continuous batching). Each run starts
@@ -70,8 +71,10 @@ def main() -> None:
     if args.warm_costs:
         for key in keys:
             longspec.generate_many(model, prompts, max_batch=key[1], method=key[0], **settings)
-    for _ in range(args.repeats):
-        for key in keys:
+    for repeat in range(args.repeats):
+        # a max_batch's methods in turn, their order reversed every other repeat, so that a
+        # drift within a repeat favours no method
+        for key in (keys if repeat % 2 == 0 else _reversed_within(keys, len(methods))):
             if args.warm_costs:
                 model.state.forget_text()
             else:
@@ -98,6 +101,11 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
+
+
+def _reversed_within(keys: list, group: int) -> list:
+    """`keys` with each run of `group` (one max_batch's methods) in reverse order."""
+    return [key for i in range(0, len(keys), group) for key in reversed(keys[i:i + group])]
 
 
 if __name__ == "__main__":
