@@ -162,14 +162,16 @@ class Engine:
         return tree, time.perf_counter() - begin
 
     def size(self, tree: DraftTree, draft_seconds: float, cost: StepCost | None = None,
-             others: tuple[float, int] = (0.0, 0)) -> DraftTree:
+             others: tuple[float, int] = (0.0, 0), worth: float = 1.0) -> DraftTree:
         """The tree cut to the size that pays most (sizing.py), when it is scored: alone, by
         this generation's step costs; in a batch, by the batch's (`cost`), the others' expected
-        new tokens and rows (`others`) sharing its step."""
+        new tokens and rows (`others`) sharing its step, and what its tokens are worth to the
+        batch (`worth`)."""
         if tree.scores is None or tree.n == 1:
             return tree
         return self.sizer.choose(tree, draft_seconds, self.budget.max_nodes,
-                                 self.budget.sizing == "adaptive", cost=cost, others=others)
+                                 self.budget.sizing == "adaptive", cost=cost, others=others,
+                                 worth=worth)
 
     def step(self) -> list[int]:
         """One step alone: propose, verify, commit; the tokens it commits."""

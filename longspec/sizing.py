@@ -145,6 +145,13 @@ class Calibration:
         self._hits: dict[int, int] = {}             # per source: accepted, over all bins
         self._expected: dict[int, float] = {}       # ... and what their bins' estimates said
 
+    def share(self, other: Calibration) -> None:
+        """Learn and read from `other`'s tables from now on, as one calibration (a batch's
+        members of one method and sampling setting, stepping on one thread): what this one
+        learned so far is dropped for what `other` has."""
+        self._tested, self._accepted = other._tested, other._accepted
+        self._hits, self._expected = other._hits, other._expected
+
     def _tables(self, source: int) -> tuple[list[int], list[int]]:
         if source not in self._tested:
             self._tested[source], self._accepted[source] = [0] * BINS, [0] * BINS
@@ -219,12 +226,13 @@ class Sizer:
 
     def choose(self, tree: DraftTree, draft_seconds: float, max_nodes: int,
                adaptive: bool = True, *, cost: StepCost | None = None,
-               others: tuple[float, int] = (0.0, 0)) -> DraftTree:
+               others: tuple[float, int] = (0.0, 0), worth: float = 1.0) -> DraftTree:
         """The prefix of the tree's score order, of at most `max_nodes` nodes, that maximises
         expected new tokens per second (adaptive), or that has `max_nodes` nodes by the
         drafter's own scores (fixed). In a batch, the rate is the batch's: `others` are the
-        expected new tokens and the rows of the other generations sharing the step, `cost`
-        the batch's step costs (default: this generation's)."""
+        expected new tokens (each counted at its worth) and the rows of the other generations
+        sharing the step, `cost` the batch's step costs (default: this generation's), `worth`
+        what each of this generation's tokens counts for."""
         if tree.scores is None or tree.n == 1:
             return tree
         if not adaptive:
@@ -237,18 +245,18 @@ class Sizer:
         scores = self.calibration.scores(tree)
         order = sorted(range(1, tree.n), key=lambda i: (-scores[i], i))[:max_nodes - 1]
         best, gain = 1, 1.0
-        best_rate = (gained + gain) / (draft_seconds + cost(rows + 1))
+        best_rate = (gained + worth * gain) / (draft_seconds + cost(rows + 1))
         rest = sum(scores[node] for node in order)      # the gain of the nodes not yet taken
         for k, node in enumerate(order, start=2):
             if rows + k > cost.measured:
                 # no larger prefix costs less than the largest size measured, nor gains more
                 # than all the rest: when even that cannot pay, stop before measuring more
-                bound = (gained + gain + rest) / (draft_seconds + cost(cost.measured))
+                bound = (gained + worth * (gain + rest)) / (draft_seconds + cost(cost.measured))
                 if bound <= best_rate:
                     break
             gain += scores[node]
             rest -= scores[node]
-            rate = (gained + gain) / (draft_seconds + cost(rows + k))
+            rate = (gained + worth * gain) / (draft_seconds + cost(rows + k))
             if rate > best_rate:
                 best, best_rate = k, rate
         if best == tree.n:

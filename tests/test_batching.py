@@ -5,11 +5,13 @@ generations' trees gives each segment bitwise its forward alone. CI runs this fi
 kernel profile it can emulate (.ci/run)."""
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers import DEVICE
 from test_lossless import METHODS, OPTIONS, SETTINGS, models, prompts
+from test_sizing import chain
 
 import longspec
 from longspec import batching
@@ -17,7 +19,7 @@ from longspec.batching import run_batch
 from longspec.cache import StaticCache
 from longspec.models.prefill import prefill
 from longspec.models.transformer import Segment
-from longspec.tree import TreeShape
+from longspec.tree import DraftTree, TreeShape
 
 pytestmark = pytest.mark.usefixtures("costs_that_pay")
 DTYPES = ["float32", "bfloat16", "int4"]
@@ -119,15 +121,31 @@ def test_two_streams_interleaved_on_one_model_each_write_what_they_write_alone(m
         assert s.result.token_ids == expect
 
 
-def test_a_member_sure_of_its_drafts_drafts_in_the_batchs_plain_steps(monkeypatch):
-    """The batch held to plain steps: `auto` still drafts where its suffix matches are sure
-    (a text that repeats itself), the others take plain steps, and each writes what it
-    writes alone."""
-    class Plain(batching.StepRates):
-        def choose(self) -> bool:
-            return False
+class Plain(batching.StepRates):
+    def choose(self) -> bool:
+        return False
 
-    monkeypatch.setattr(batching, "StepRates", Plain)
+
+def hold_to_plain_steps(monkeypatch, sure: bool = True) -> None:
+    """Batches whose gate takes plain steps only, their members' sure drafts allowed (as the
+    sure drafts' own gate first does) or not."""
+    init = batching.Batch.__init__
+
+    def held(self, model):
+        init(self, model)
+        self.gate = Plain()
+        if not sure:
+            self.sure = Plain()
+
+    monkeypatch.setattr(batching.Batch, "__init__", held)
+
+
+@pytest.mark.parametrize("sure", [True, False])
+def test_a_member_sure_of_its_drafts_drafts_in_the_batchs_plain_steps(monkeypatch, sure):
+    """The batch held to plain steps: `auto` still drafts where its suffix matches are sure
+    (a text that repeats itself) unless the batch's measure of such drafts says no, the
+    others take plain steps, and each writes what it writes alone."""
+    hold_to_plain_steps(monkeypatch, sure)
     target, _ = models("float32")
     looping = "one two three four five six. " * 12
     settings = {"max_new_tokens": 48, "ignore_eos": True, "seed": 2, "method": "auto",
@@ -136,7 +154,82 @@ def test_a_member_sure_of_its_drafts_drafts_in_the_batchs_plain_steps(monkeypatc
     for r, prompt in zip(results, [looping, PROMPTS[0]]):
         expect = longspec.generate(target, prompt, **{**settings, "method": "ar"}).token_ids
         assert r.token_ids == expect
-    assert results[0].stats["accepted_draft_tokens"] > 0
+    assert (results[0].stats["accepted_draft_tokens"] > 0) == sure
+
+
+def test_autos_recycling_matrix_learns_in_the_steps_that_read_it_alone(monkeypatch):
+    """Held to the batch's plain steps, `auto` leaves its recycling matrix as it was (sure
+    suffix drafts do not read it); in its drafting steps the matrix learns."""
+    target, _ = models("float32")
+    settings = {"max_new_tokens": 24, "ignore_eos": True, "seed": 2, "method": "auto",
+                "sampling": SETTINGS["greedy"], "options": {"gate": "off"}}
+
+    def matrices_changed() -> list[bool]:
+        streams = [longspec.stream(target, p, **settings) for p in PROMPTS[:2]]
+        before = [s.engine.drafter.recycling.matrix.clone() for s in streams]
+        for _ in run_batch(target, streams, 2):
+            pass
+        return [not torch.equal(m, s.engine.drafter.recycling.matrix)
+                for m, s in zip(before, streams)]
+
+    assert matrices_changed() == [True, True]
+    hold_to_plain_steps(monkeypatch)
+    assert matrices_changed() == [False, False]
+
+
+def test_a_batchs_members_of_one_method_and_setting_learn_one_calibration():
+    """What one member's drafts show, the others of its method and sampling setting read at
+    the next step; a member of another setting keeps its own."""
+    target, _ = models("float32")
+    settings = {"max_new_tokens": 8, "method": "auto", "seed": 3}
+    streams = [longspec.stream(target, PROMPTS[0], **settings),
+               longspec.stream(target, PROMPTS[1], **settings),
+               longspec.stream(target, PROMPTS[2], **settings, sampling=SETTINGS["sampling_top_p"])]
+    batch = batching.Batch(target)
+    for s in streams:
+        batch.join(s)
+    first, second, other = (s.engine.sizer.calibration for s in streams)
+    fresh = other.chance(0, 0.7)
+    for _ in range(30):
+        first.record(chain(0.7, 1), [0])
+    assert second.chance(0, 0.7) == first.chance(0, 0.7) < fresh / 2
+    assert other.chance(0, 0.7) == fresh
+    batch.close()
+
+
+def test_a_batch_is_closed_once_no_prompt_waits(monkeypatch):
+    """run_batch tells the batch when no prompt waits to join (Batch.closed)."""
+    seen = []
+    step = batching.Batch.step
+
+    def recorded(self):
+        seen.append((len(self), self.closed))
+        return step(self)
+
+    monkeypatch.setattr(batching.Batch, "step", recorded)
+    target, _ = models("float32")
+    longspec.generate_many(target, PROMPTS[:3], max_batch=2, max_new_tokens=8,
+                           ignore_eos=True, method="ar")
+    assert seen == [(2, False)] * 8 + [(1, True)] * 8
+
+
+def test_a_closed_batchs_step_is_worth_how_far_it_moved_the_batchs_end():
+    batch = batching.Batch(None)
+    left, news = [10, 8, 10], [[1], [1, 2, 3], [1, 2]]
+    assert batch._worth(left, news) == 6
+    batch.closed = True
+    assert batch._worth(left, news) == 3        # the end: 10 tokens left, then 9; 3 members
+
+
+def test_in_a_closed_batch_a_member_ahead_of_its_end_counts_its_tokens_at_their_worth():
+    batch = batching.Batch(None)
+    engines = [SimpleNamespace(max_new_tokens=16, stats=SimpleNamespace(new_tokens=n))
+               for n in (3, 5, 3)]
+    drafts = [(DraftTree.chain([1, 2], torch.device(DEVICE)), 0.0)] * 3
+    cost = SimpleNamespace(ahead_worth=lambda: 0.6)
+    assert batch._worths(engines, drafts, cost) == [1.0, 1.0, 1.0]
+    batch.closed = True
+    assert batch._worths(engines, drafts, cost) == [1.0, 0.6, 1.0]
 
 
 def test_generate_many_keeps_the_prompts_order_and_stream_many_names_each_chunk():

@@ -98,6 +98,17 @@ def test_a_failing_source_is_doubted_in_bins_it_has_not_tried():
     assert c.chance(1, 0.3) == fresh                 # another source's is not
 
 
+def test_a_calibration_shared_reads_what_either_learns():
+    batch_first, joined = Calibration(), Calibration()
+    fresh = joined.chance(0, 0.7)
+    joined.share(batch_first)
+    for _ in range(30):
+        batch_first.record(chain(0.7, 1), [0])       # its drafts estimated 0.7 all fail
+    assert joined.chance(0, 0.7) == batch_first.chance(0, 0.7) < fresh / 2
+    joined.record(chain(0.7, 1), [0, 1])
+    assert joined.chance(0, 0.7) == batch_first.chance(0, 0.7)
+
+
 def test_a_bin_that_failed_first_is_tested_again():
     """Drafts that follow their parent 85% of the time, whose first three were all rejected:
     the sizer keeps verifying some of them and learns their worth."""
@@ -148,6 +159,18 @@ def test_a_batch_prices_the_rows_past_its_roots_as_a_step_grows_from_as_many_row
     seen = BatchCost(table, 4, 400, widest)
     assert seen(4) == pytest.approx(0.01)
     assert seen(20) == pytest.approx(0.01 + s.cost(20) - s.cost(4))
+
+
+def test_a_token_ahead_of_a_closed_batchs_end_is_worth_the_seconds_its_member_adds():
+    """Its member's leaving saves what a member adds to the batch's plain step, of a step whose
+    G tokens take a G-th of its seconds each."""
+    s, _, _ = sizer(48)                 # one generation: 25 ms over 1 row, 40 ms over 4
+    table = StepCostTable(threading.Lock())
+    batch = BatchCost(table, 4, 400, SimpleNamespace(sizer=s))
+    assert batch.ahead_worth() == pytest.approx((0.040 - 0.025) / 3 / (0.040 / 4))
+    batch.observe(4, 0.031)             # a real plain step of the 4: each past the first, 2 ms
+    assert BatchCost(table, 4, 400, SimpleNamespace(sizer=s)).ahead_worth() == pytest.approx(
+        0.002 / (0.031 / 4))
 
 
 def test_forgetting_the_text_keeps_the_step_costs_and_clearing_does_not():

@@ -130,6 +130,10 @@ class AutoDrafter(Drafter):
         self.gate = StepRates(retried=(True,)) if gate == "measured" else None
         self.rates = StepRates()     # in unsure steps: with the sources that run a model or not
         self.drafting: bool | None = True    # None: a batch's plain step (no proposal)
+        # whether this step's proposal read the recycling matrix: only such a step updates it
+        # (a plain step's or a sure suffix draft's would pay a top-k over the vocabulary for
+        # nothing: a fiftieth of a plain step of 8 SmolLM2 answers batched)
+        self.recycled = False
         self.proposing = 0.0     # seconds of the last proposal
         self.step: bool | None = None      # an unsure step's arm
         self.verified = [0] * len(SOURCES)
@@ -163,7 +167,7 @@ class AutoDrafter(Drafter):
         trie, sure = self._suffix_trie(committed, budget)
         if sure < SURE_SUFFIX:
             return None
-        self.drafting, self.step = True, None
+        self.drafting, self.step, self.recycled = True, None, False
         tree = trie.build(self.device)
         self.proposing = time.perf_counter() - started
         return tree
@@ -179,6 +183,7 @@ class AutoDrafter(Drafter):
         trie, sure = self._suffix_trie(committed, budget)
         self.step = None
         self.drafting = self.gate is None or self.gate.choose() or sure >= SURE_SUFFIX
+        self.recycled = self.drafting
         if not self.drafting:                        # the root alone: a plain step
             return TrieBuilder(committed[-1], 1, budget.max_depth).build(self.device)
         models = self.eagle is not None or self.draft_model is not None
@@ -197,7 +202,7 @@ class AutoDrafter(Drafter):
         return trie.build(self.device)
 
     def plain_step(self) -> None:
-        self.drafting, self.step, self.proposing = None, None, 0.0
+        self.drafting, self.step, self.proposing, self.recycled = None, None, 0.0, False
 
     def suffix_chance(self, trie: TrieBuilder) -> float:
         """The calibrated chance of the suffix matches' likeliest next token (0 without one)."""
@@ -210,7 +215,8 @@ class AutoDrafter(Drafter):
             self.gate.record(self.drafting, len(verdict.tokens), seconds)
         if self.step is not None:
             self.rates.record(self.step, len(verdict.tokens), seconds)
-        self.recycling.observe(tree, target_out, verdict)
+        if self.recycled:
+            self.recycling.observe(tree, target_out, verdict)
         if self.eagle is not None:
             self.eagle.observe(tree, target_out, verdict)
         if self.draft_model is not None:
