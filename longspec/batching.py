@@ -50,8 +50,8 @@ class Batch:
         self.model = model
         self.members: list[Stream] = []
         # drafting at all (True) or a plain step for every member whose drafter allows one
-        # and is not sure of a tree (False), as measured in the batch's new tokens a second
-        # (auto.py's gate, for a batch)
+        # and is not sure of a tree (False), as measured in what the batch's steps are worth
+        # (_worth) a second (auto.py's gate, for a batch)
         self.gate = StepRates(retried=(True,))
         # in its plain steps, the members' sure drafts (propose_if_sure) allowed (True) or
         # not, as measured: the steps that carried some against the plain ones (the
