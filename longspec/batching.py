@@ -140,7 +140,7 @@ class Batch:
         sure = not drafting and self.sure.choose()
         drafts = [e.draft() if drafting or not e.drafter.plain_steps
                   else self._plain_step(e, sure) for e in engines]
-        trees, sizing = self._size(engines, drafts, cost)
+        trees, sizing = self._size(engines, drafts, cost, left)
         begin = time.perf_counter()
         hidden = any(e.drafter.needs_hidden for e in engines)
         outs = self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)],
@@ -158,7 +158,8 @@ class Batch:
         measuring = cost.measuring_s - measured      # timing steps: not a step's
         worth, seconds = self._worth(left, news), time.perf_counter() - started - measuring
         self.gate.record(drafting, worth, seconds)
-        if not drafting and (not sure or rows > len(trees)):    # sure drafts carried, or none
+        carried = any(t.n > 1 for e, t in zip(engines, trees) if e.drafter.plain_steps)
+        if not drafting and (carried or not sure):      # sure drafts carried, or none allowed
             self.sure.record(sure, worth, seconds)
         return news
 
@@ -195,9 +196,10 @@ class Batch:
                          max(engines, key=lambda e: e.budget.max_nodes))
 
     def _size(self, engines: list[Engine], drafts: list[tuple[DraftTree, float]],
-              cost: BatchCost) -> tuple[list[DraftTree], list[float]]:
+              cost: BatchCost, left: list[int]) -> tuple[list[DraftTree], list[float]]:
         """Each member's tree cut for the batch, in turn (see the module's docstring), and the
-        seconds each one's sizing took (timing steps for it left out)."""
+        seconds each one's sizing took (timing steps for it left out); `left`: the tokens each
+        member has left to generate."""
         adaptive = any(e.budget.sizing == "adaptive" for e in engines)
         if adaptive:
             widest = cost.widest
@@ -205,7 +207,7 @@ class Batch:
             cost.extra.refresh(len(widest.tokens),
                                lambda rows: self._waited(waiting, widest.measure_step(rows)))
         drafting = sum(seconds for _, seconds in drafts)
-        worth = self._worths(engines, drafts, cost) if adaptive else [1.0] * len(engines)
+        worth = self._worths(left, drafts, cost) if adaptive else [1.0] * len(engines)
         rows = [1] * len(engines)
         gains = list(worth)         # each member's expected tokens, at its worth
         trees, seconds = [], []
@@ -220,16 +222,16 @@ class Batch:
             seconds.append(time.perf_counter() - begin - (cost.measuring_s - measuring))
         return trees, seconds
 
-    def _worths(self, engines: list[Engine], drafts: list[tuple[DraftTree, float]],
+    def _worths(self, left: list[int], drafts: list[tuple[DraftTree, float]],
                 cost: BatchCost) -> list[float]:
-        """What a token of each member is worth to the batch: 1, except in a closed batch
-        (Batch.closed) for a member ahead of the batch's end, whose tokens save only the step
-        seconds its leaving early does (BatchCost.ahead_worth)."""
+        """What a token of each member is worth to the batch, given what each has left to
+        generate: 1, except in a closed batch (Batch.closed) for a member ahead of the batch's
+        end, whose tokens save only the step seconds its leaving early does
+        (BatchCost.ahead_worth)."""
         if not self.closed or all(tree.n == 1 for tree, _ in drafts):
-            return [1.0] * len(engines)
-        left = [e.max_new_tokens - e.stats.new_tokens for e in engines]
-        ahead = cost.ahead_worth()
-        return [1.0 if n == max(left) else ahead for n in left]
+            return [1.0] * len(left)
+        end, ahead = max(left), cost.ahead_worth()
+        return [1.0 if n == end else ahead for n in left]
 
     @staticmethod
     def _waited(engines: list[Engine], seconds: float) -> float:

@@ -223,13 +223,12 @@ def test_a_closed_batchs_step_is_worth_how_far_it_moved_the_batchs_end():
 
 def test_in_a_closed_batch_a_member_ahead_of_its_end_counts_its_tokens_at_their_worth():
     batch = batching.Batch(None)
-    engines = [SimpleNamespace(max_new_tokens=16, stats=SimpleNamespace(new_tokens=n))
-               for n in (3, 5, 3)]
+    left = [13, 11, 13]
     drafts = [(DraftTree.chain([1, 2], torch.device(DEVICE)), 0.0)] * 3
     cost = SimpleNamespace(ahead_worth=lambda: 0.6)
-    assert batch._worths(engines, drafts, cost) == [1.0, 1.0, 1.0]
+    assert batch._worths(left, drafts, cost) == [1.0, 1.0, 1.0]
     batch.closed = True
-    assert batch._worths(engines, drafts, cost) == [1.0, 0.6, 1.0]
+    assert batch._worths(left, drafts, cost) == [1.0, 0.6, 1.0]
 
 
 def test_generate_many_keeps_the_prompts_order_and_stream_many_names_each_chunk():
