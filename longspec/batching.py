@@ -41,6 +41,9 @@ from .tree import DraftTree
 # more from 4 to 8 SmolLM2 chat answers and `auto` 1.10x, while each generation's memory is
 # paid that many times (BENCHMARKS.md, "Many generations at once")
 DEFAULT_MAX_BATCH = 4
+# the share of a batch's seconds its gate's drafting tries may lose against its plain steps
+# (StepRates' budget)
+TRY_BUDGET = 0.01
 
 
 class Batch:
@@ -52,7 +55,7 @@ class Batch:
         # drafting at all (True) or a plain step for every member whose drafter allows one
         # and is not sure of a tree (False), as measured in what the batch's steps are worth
         # (_worth) a second (auto.py's gate, for a batch)
-        self.gate = StepRates(retried=(True,))
+        self.gate = StepRates(retried=(True,), budget=TRY_BUDGET)
         # in its plain steps, the members' sure drafts (propose_if_sure) allowed (True) or
         # not, as measured: the steps that carried some against the plain ones (the
         # calibration may be too sure: 8 SmolLM2 answers at T=1 had 0.46 of their sure drafts'

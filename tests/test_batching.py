@@ -121,21 +121,27 @@ def test_two_streams_interleaved_on_one_model_each_write_what_they_write_alone(m
         assert s.result.token_ids == expect
 
 
-class Plain(batching.StepRates):
+class Held(batching.StepRates):
+    """A gate that always takes one arm."""
+
+    def __init__(self, arm: bool):
+        super().__init__()
+        self.arm = arm
+
     def choose(self) -> bool:
-        return False
+        return self.arm
 
 
-def hold_to_plain_steps(monkeypatch, sure: bool = True) -> None:
-    """Batches whose gate takes plain steps only, their members' sure drafts allowed (as the
-    sure drafts' own gate first does) or not."""
+def hold_gate(monkeypatch, drafting: bool, sure: bool = True) -> None:
+    """Batches whose gate takes drafting steps only or plain steps only, their members' sure
+    drafts in plain steps allowed (as the sure drafts' own gate first does) or not."""
     init = batching.Batch.__init__
 
     def held(self, model):
         init(self, model)
-        self.gate = Plain()
+        self.gate = Held(drafting)
         if not sure:
-            self.sure = Plain()
+            self.sure = Held(False)
 
     monkeypatch.setattr(batching.Batch, "__init__", held)
 
@@ -145,7 +151,7 @@ def test_a_member_sure_of_its_drafts_drafts_in_the_batchs_plain_steps(monkeypatc
     """The batch held to plain steps: `auto` still drafts where its suffix matches are sure
     (a text that repeats itself) unless the batch's measure of such drafts says no, the
     others take plain steps, and each writes what it writes alone."""
-    hold_to_plain_steps(monkeypatch, sure)
+    hold_gate(monkeypatch, False, sure)
     target, _ = models("float32")
     looping = "one two three four five six. " * 12
     settings = {"max_new_tokens": 48, "ignore_eos": True, "seed": 2, "method": "auto",
@@ -172,8 +178,9 @@ def test_autos_recycling_matrix_learns_in_the_steps_that_read_it_alone(monkeypat
         return [not torch.equal(m, s.engine.drafter.recycling.matrix)
                 for m, s in zip(before, streams)]
 
+    hold_gate(monkeypatch, True)
     assert matrices_changed() == [True, True]
-    hold_to_plain_steps(monkeypatch)
+    hold_gate(monkeypatch, False)
     assert matrices_changed() == [False, False]
 
 

@@ -240,10 +240,11 @@ def test_the_time_spent_measuring_is_counted():
     assert s.cost.measuring_s == pytest.approx(0.025 + 0.03 + 0.04)
 
 
-def arms_taken(steps: int, tokens: float, seconds: float) -> list[bool]:
+def arms_taken(steps: int, tokens: float, seconds: float, budget: float | None = None
+               ) -> list[bool]:
     """The arms `auto`'s gate takes when a drafting step writes `tokens` in `seconds` (in plain
-    steps' time) and a plain step writes 1."""
-    gate = StepRates(retried=(True,))
+    steps' time) and a plain step writes 1; with a batch's `budget` for its tries."""
+    gate = StepRates(retried=(True,), budget=budget)
     taken = []
     for _ in range(steps):
         arm = gate.choose()
@@ -277,6 +278,24 @@ def test_a_retry_that_wins_brings_the_next_one_back_to_16_steps():
 
 def test_auto_never_forces_a_plain_step_where_drafting_pays():
     assert arms_taken(60, 2.5, 1.3).count(False) == 1     # the one that measured it
+
+
+def test_a_budget_spaces_the_tries_by_what_they_lose():
+    # plain steps first; the first try after 16 of them, then each once the tries lost at most
+    # a hundredth of every step's seconds: a try losing 2 plain steps' seconds waits 180 steps
+    # and more, one losing 0.5 about the 32 and 64 an unbudgeted gate waits
+    dear = arms_taken(400, 1, 3.0, 0.01)
+    assert [i for i, arm in enumerate(dear) if arm] == [16, 198, 396]
+    cheap = arms_taken(400, 1, 1.5, 0.01)
+    assert [i for i, arm in enumerate(cheap) if arm] == [16, 50, 115, 180, 245, 310, 375]
+    for taken, lost in ((dear, 2.0), (cheap, 0.5)):
+        spent = len(taken) + taken.count(True) * lost
+        assert taken.count(True) * lost <= 0.01 * spent + lost    # the last try overdraws once
+
+
+def test_a_budgeted_gate_drafts_on_where_drafting_pays():
+    taken = arms_taken(60, 2.5, 1.3, 0.01)
+    assert taken[:17] == [False] * 16 + [True] and all(taken[16:])
 
 
 def auto_drafter(model, text: list[int], gate: str = "measured") -> AutoDrafter:

@@ -66,26 +66,45 @@ class StepRates:
     steps without it, after twice as many each time the try left it slower still (up to
     EXPLORE_MOST: on 2 cores a drafting step of 8 SmolLM2 answers at T=1 cost about two plain
     ones, so trying it every 16 steps cost the batch ~6%), and each arm is tried first while it
-    has no measure."""
+    has no measure. With a `budget`, the arms not retried are measured first, and a try also
+    waits until the seconds the tries lost (each try's seconds past what the faster arm took for
+    its tokens) are at most that share of every step's seconds: a try that costs three plain
+    steps waits longer than one that costs 1.2."""
 
-    def __init__(self, retried: tuple[bool, ...] = (True, False)):
+    def __init__(self, retried: tuple[bool, ...] = (True, False), budget: float | None = None):
         self.retried = retried
+        self.budget = budget
         self.tokens = {True: 0.0, False: 0.0}
         self.seconds = {True: 0.0, False: 0.0}
         self.waited = {True: 0, False: 0}    # steps since the arm was last taken
         self.every = {True: EXPLORE_EVERY, False: EXPLORE_EVERY}    # ... before it is tried
+        self.lost = 0.0         # seconds the tries lost against the faster arm (with a budget)
+        self.spent = 0.0        # seconds of every step recorded
 
     def choose(self) -> bool:
         for arm in (True, False):
-            if self.seconds[arm] == 0 or (arm in self.retried
-                                          and self.waited[arm] >= self.every[arm]):
+            if arm in self.retried and self._due(arm):
+                return arm
+            if self.seconds[arm] == 0 and (self.budget is None or arm not in self.retried):
                 return arm
         return self._faster()
 
     def _faster(self) -> bool:
+        """The arm that took fewer seconds a token, or the one measured if one is not."""
+        if self.seconds[True] == 0 or self.seconds[False] == 0:
+            return self.seconds[True] > 0
         return self.tokens[True] * self.seconds[False] >= self.tokens[False] * self.seconds[True]
 
+    def _due(self, arm: bool) -> bool:
+        return self.waited[arm] >= self.every[arm] and (
+            self.budget is None or self.lost <= self.budget * self.spent)
+
     def record(self, arm: bool, tokens: int, seconds: float) -> None:
+        other = not arm
+        if self.budget is not None and self.tokens[other] > 0 and self._faster() != arm:
+            rate = self.tokens[other] / self.seconds[other]
+            self.lost += max(0.0, seconds - tokens / rate)
+        self.spent += seconds
         keep = 1 - RATE_SMOOTHING
         self.tokens[arm] = keep * self.tokens[arm] + tokens
         self.seconds[arm] = keep * self.seconds[arm] + seconds
