@@ -7,9 +7,9 @@ held-out conversations; one seed each, --new-tokens tokens, end-of-sequence igno
 gives the aggregate tokens/s (all new tokens over the wall time of the set: the median of
 --repeats runs, interleaved so that drift hits every row alike), the median over the repeats of
 its run over the first method's at the same max_batch (run beside it, before it in one repeat
-and after it in the next), and whether every
-prompt got the tokens it gets at max_batch 1; the set's answers give where each reached
-end-of-sequence and their distinct-4 (the same text in every row). Where more prompts than
+and after it in the next) with those ratios' quartiles, and whether every prompt got the
+tokens it gets at max_batch 1; the set's answers give where each reached end-of-sequence and
+their distinct-4 (the same text in every row). Where more prompts than
 max_batch wait, a generation joins as another ends (continuous batching). Each run starts
 from a cleared model state, so it times its step costs cold; with --warm-costs each row first
 runs once untimed and the timed runs forget only what was learned of the text
@@ -95,12 +95,21 @@ def main() -> None:
                      "tokens_per_s": round(statistics.median(rates), 1),
                      "runs_tokens_per_s": [round(r, 1) for r in rates],
                      f"over_{methods[0]}": round(statistics.median(ratios), 3),
+                     f"over_{methods[0]}_quartiles": [round(q, 3) for q in _quartiles(ratios)],
                      "identical_to_one_at_a_time": same[key] and got == ids[key[0], batches[0]],
                      "answer_end": [answer_end(t, set(model.eos_token_ids)) for t in got],
                      "distinct4": [round(distinct_n(t, 4), 2) for t in got]})
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of `xs` (both the value itself when there is one)."""
+    if len(xs) < 2:
+        return xs[0], xs[0]
+    first, _, third = statistics.quantiles(xs, n=4, method="inclusive")
+    return first, third
 
 
 def _reversed_within(keys: list, group: int) -> list:

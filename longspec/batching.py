@@ -12,9 +12,10 @@ tree that maximises the batch's expected new tokens per second, the others' rows
 tokens (a plain step's 1 until they choose) counted. A tree's rows cost the whole batch a share
 of its step, so under load speculation shrinks, and a step is never sized slower than the
 batch's plain step (every tree its root alone) is expected to be. Whether to draft at all is
-measured twice: the batch's drafting steps against its plain steps (Batch.gate), and each
-drafter's own gate (auto's), of its proposal's seconds and its share of the rest
-(TargetOutput.seconds: the forward split by rows). In the batch's plain steps a member whose
+measured twice: the batch's drafting steps against its plain steps (Batch.gate, whose tries
+lose at most TRY_BUDGET of the batch's seconds), and each drafter's own gate (auto's), of its
+proposal's seconds and its share of the rest (TargetOutput.seconds: the forward split by
+rows). In the batch's plain steps a member whose
 drafter is sure of its tree still drafts (Drafter.propose_if_sure: `auto` its suffix
 matches' drafts, where they are sure as in its own plain steps alone), so a generation that
 copies or repeats itself is not held to plain steps by the others. Members of one method and
@@ -42,7 +43,9 @@ from .tree import DraftTree
 # paid that many times (BENCHMARKS.md, "Many generations at once")
 DEFAULT_MAX_BATCH = 4
 # the share of a batch's seconds its gate's drafting tries may lose against its plain steps
-# (StepRates' budget)
+# (StepRates' budget): 8 SmolLM2 answers at T=1, max_batch 8, ran 0.98x plain batched
+# decoding with tries every 64 steps, 1.00x with this budget (BENCHMARKS.md, "Many generations
+# at once")
 TRY_BUDGET = 0.01
 
 
@@ -54,7 +57,9 @@ class Batch:
         self.members: list[Stream] = []
         # drafting at all (True) or a plain step for every member whose drafter allows one
         # and is not sure of a tree (False), as measured in what the batch's steps are worth
-        # (_worth) a second (auto.py's gate, for a batch)
+        # (_worth) a second (auto.py's gate, for a batch); plain steps first, the drafting
+        # tries spaced by what they lose (a first try from fresh calibrations cost 8 SmolLM2
+        # answers at T=1 four plain steps; tries every 64 steps, 2.7% of their batch)
         self.gate = StepRates(retried=(True,), budget=TRY_BUDGET)
         # in its plain steps, the members' sure drafts (propose_if_sure) allowed (True) or
         # not, as measured: the steps that carried some against the plain ones (the
