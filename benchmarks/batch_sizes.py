@@ -9,12 +9,11 @@ gives the aggregate tokens/s (all new tokens over the wall time of the set: the 
 its run over the first method's at the same max_batch (run beside it, before it in one repeat
 and after it in the next) with those ratios' quartiles, and whether every prompt got the
 tokens it gets at max_batch 1; the set's answers give where each reached end-of-sequence and
-their distinct-4 (the same text in every row). Where more prompts than
-max_batch wait, a generation joins as another ends (continuous batching). Each run starts
-from a cleared model state, so it times its step costs cold; with --warm-costs each row first
-runs once untimed and the timed runs forget only what was learned of the text
-(`SharedState.forget_text`: a server's state after its first requests, without their outputs
-to copy).
+their distinct-4 (the same text in every row). Where more prompts than max_batch wait, a
+generation joins as another ends (continuous batching). Each run starts from a cleared model
+state, so it times its step costs cold; with --warm-costs each row first runs once untimed and
+the timed runs forget only what was learned of the text (`SharedState.forget_text`: a server's
+state after its first requests, without their outputs to copy).
 
     python benchmarks/batch_sizes.py --model smollm2 --prompts 8 --new-tokens 256 \\
         --methods ar,auto --batches 1,2,4,8 --out batch_sizes.json

@@ -15,13 +15,13 @@ batch's plain step (every tree its root alone) is expected to be. Whether to dra
 measured twice: the batch's drafting steps against its plain steps (Batch.gate, whose tries
 lose at most TRY_BUDGET of the batch's seconds), and each drafter's own gate (auto's), of its
 proposal's seconds and its share of the rest (TargetOutput.seconds: the forward split by
-rows). In the batch's plain steps a member whose
-drafter is sure of its tree still drafts (Drafter.propose_if_sure: `auto` its suffix
-matches' drafts, where they are sure as in its own plain steps alone), so a generation that
-copies or repeats itself is not held to plain steps by the others. Members of one method and
-sampling setting learn one calibration (Calibration.share), so one member's failed drafts
-teach the others at the next step. Once no prompt waits to join (run_batch), the batch is
-done when its last member is, and the gate counts a step for how far it moved that end.
+rows). In the batch's plain steps a member whose drafter is sure of its tree still drafts
+(Drafter.propose_if_sure: `auto` its suffix matches' drafts, where they are sure as in its own
+plain steps alone), so a generation that copies or repeats itself is not held to plain steps by
+the others. Members of one method and sampling setting learn one calibration
+(Calibration.share), so one member's failed drafts teach the others at the next step. Once no
+prompt waits to join (run_batch), the batch is done when its last member is, and the gate
+counts a step for how far it moved that end.
 """
 
 from __future__ import annotations
