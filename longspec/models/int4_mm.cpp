@@ -115,6 +115,11 @@ inline int32_t four(const int8_t* p) {
 
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 constexpr int64_t LANES = 16;
+// The rows past the blocks of ROW_BLOCK in one pass over the codes, their sums in the 32
+// registers: 5 to 7 rows of SmolLM2's and Qwen2.5-Coder-1.5B's products took 0.70-0.97x the
+// time of a block of 4 and the rest, on a Zen 4 (BENCHMARKS.md, "int4_mm"). AVX2's 16 registers
+// would spill them: there, a block of 4 and the rest.
+constexpr bool ONE_PASS_REST = true;
 using Floats = __m512;
 using Ints = __m512i;
 
@@ -166,6 +171,7 @@ inline Floats zeros() { return _mm512_setzero_ps(); }
 inline void store(float* p, Floats v) { _mm512_storeu_ps(p, v); }
 #else
 constexpr int64_t LANES = 8;
+constexpr bool ONE_PASS_REST = false;
 using Floats = __m256;
 using Ints = __m256i;
 
@@ -328,11 +334,15 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
         int64_t r0 = 0;
         for (; r0 + ROW_BLOCK <= rows; r0 += ROW_BLOCK)
           tile<ROW_BLOCK, BITS, SIXTEEN>(w, q, t, lane0, r0, y);
-        if (rows - r0 >= 4) {
+        if (!ONE_PASS_REST && rows - r0 >= 4) {
           tile<4, BITS, SIXTEEN>(w, q, t, lane0, r0, y);
           r0 += 4;
         }
         switch (rows - r0) {
+          case 7: tile<7, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
+          case 6: tile<6, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
+          case 5: tile<5, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
+          case 4: tile<4, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
           case 3: tile<3, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
           case 2: tile<2, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
           case 1: tile<1, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
