@@ -116,9 +116,9 @@ inline int32_t four(const int8_t* p) {
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 constexpr int64_t LANES = 16;
 // The rows past the blocks of ROW_BLOCK in one pass over the codes, their sums in the 32
-// registers: 5 to 7 rows of SmolLM2's and Qwen2.5-Coder-1.5B's products took 0.70-0.97x the
-// time of a block of 4 and the rest, on a Zen 4 (BENCHMARKS.md, "int4_mm"). AVX2's 16 registers
-// would spill them: there, a block of 4 and the rest.
+// registers: 5 to 7 rows of SmolLM2's and Qwen2.5-Coder-1.5B's large products took 0.76-0.90x
+// the time of a block of 4 and the rest, on a Zen 4 (BENCHMARKS.md, "int4_mm"). AVX2's 16
+// registers spill them (0.96-1.08x): there, a block of 4 and the rest.
 constexpr bool ONE_PASS_REST = true;
 using Floats = __m512;
 using Ints = __m512i;
