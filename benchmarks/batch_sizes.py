@@ -17,6 +17,9 @@ state after its first requests, without their outputs to copy).
 
     python benchmarks/batch_sizes.py --model smollm2 --prompts 8 --new-tokens 256 \\
         --methods ar,auto --batches 1,2,4,8 --out batch_sizes.json
+
+On a GPU (--device cuda --dtype bfloat16) a run's wall time ends with its device's work: every
+step reads its tokens back.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from longspec.bench.metrics import answer_end, distinct_n
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2")
+    p.add_argument("--device", default="auto", help="cpu, cuda (where a batch's steps are "
+                   "captured together: models/graphs.py) or auto (load_model's choice)")
+    p.add_argument("--dtype", default="auto", help="the model's dtype (load_model's)")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--methods", default="ar,auto")
@@ -51,7 +57,7 @@ def main() -> None:
                    "first run of each row, kept for the timed ones")
     p.add_argument("--out")
     args = p.parse_args()
-    model = longspec.load_model(args.model)
+    model = longspec.load_model(args.model, device=args.device, dtype=args.dtype)
     texts = sharegpt_prompts(args.prompts) if args.sharegpt else PROMPTS[:args.prompts]
     prompts = [[{"role": "user", "content": text}] for text in texts]
     settings = {"max_new_tokens": args.new_tokens, "ignore_eos": not args.respect_eos,

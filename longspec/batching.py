@@ -34,6 +34,7 @@ from .api import Chunk, GenerationResult, Stream
 from .drafters.auto import StepRates
 from .engine import Engine
 from .memory import PeakMemory
+from .models.graphs import BatchSteps, graphs_wanted
 from .shared import StepCostTable
 from .sizing import calibration_key
 from .tree import DraftTree
@@ -70,6 +71,8 @@ class Batch:
         # member is, so a step counts for how far it moves that end (_worth), not for every
         # member's tokens
         self.closed = False
+        # the members' tree steps at static shapes, captured together (models/graphs.py)
+        self.steps = BatchSteps(model.net) if graphs_wanted(model.net) else None
         self._memory: PeakMemory | None = None     # while it has members
 
     def __len__(self) -> int:
@@ -107,6 +110,8 @@ class Batch:
         """Drop a member: its generation ends (`finished`) or is stopped where it is."""
         self.members.remove(stream)
         engine = stream.engine
+        if self.steps is not None and engine.steps is not None:
+            self.steps.forget(engine.steps)
         engine.finish()
         engine.stats.peak_memory_bytes = self._memory.so_far()
         stream.end(finished)
@@ -150,9 +155,7 @@ class Batch:
                   else self._plain_step(e, sure) for e in engines]
         trees, sizing = self._size(engines, drafts, cost, left)
         begin = time.perf_counter()
-        hidden = any(e.drafter.needs_hidden for e in engines)
-        outs = self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)],
-                                           return_hidden=hidden)
+        outs = self._forward(engines, trees)
         forward_s = time.perf_counter() - begin
         rows = sum(t.n for t in trees)
         # each member's part of the step: its sizing, its rows' share of the forward
@@ -170,6 +173,17 @@ class Batch:
         if not drafting and (carried or not sure):      # sure drafts carried, or none allowed
             self.sure.record(sure, worth, seconds)
         return news
+
+    def _forward(self, engines: list[Engine], trees: list[DraftTree]) -> list:
+        """The target's one forward over every member's tree: at static shapes where the
+        members' steps run so (captured on CUDA), else eagerly."""
+        if self.steps is not None and all(e.steps is not None for e in engines):
+            outs = self.steps([e.steps for e in engines], trees)
+            if outs is not None:
+                return outs
+        hidden = any(e.drafter.needs_hidden for e in engines)
+        return self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)],
+                                           return_hidden=hidden)
 
     def _worth(self, left: list[int], news: list[list[int]]) -> int:
         """A step's worth in new tokens, given what each member had left to generate: all of

@@ -221,7 +221,7 @@ def test_a_batch_is_closed_once_no_prompt_waits(monkeypatch):
 
 
 def test_a_closed_batchs_step_is_worth_how_far_it_moved_the_batchs_end():
-    batch = batching.Batch(None)
+    batch = batching.Batch(models("float32")[0])
     left, news = [10, 8, 10], [[1], [1, 2, 3], [1, 2]]
     assert batch._worth(left, news) == 6
     batch.closed = True
@@ -229,7 +229,7 @@ def test_a_closed_batchs_step_is_worth_how_far_it_moved_the_batchs_end():
 
 
 def test_in_a_closed_batch_a_member_ahead_of_its_end_counts_its_tokens_at_their_worth():
-    batch = batching.Batch(None)
+    batch = batching.Batch(models("float32")[0])
     left = [13, 11, 13]
     drafts = [(DraftTree.chain([1, 2], torch.device(DEVICE)), 0.0)] * 3
     cost = SimpleNamespace(ahead_worth=lambda: 0.6)

@@ -4,7 +4,9 @@ its ancestors (across chunk and split boundaries), a step at static shapes (mode
 gives the eager forward's rows, and a model whose attention runs in it (its tree steps at
 static shapes) writes with every method what `ar` writes. On a CPU Triton's interpreter runs
 the kernels, in float32 only (its products of bfloat16 tiles are wrong in Triton 3.9); with
-LONGSPEC_TEST_DEVICE=cuda they run on the GPU, in bfloat16 too, and the steps are captured."""
+LONGSPEC_TEST_DEVICE=cuda they run on the GPU, in bfloat16 too, and the steps are captured.
+Generations batched on such a model (their steps at static shapes together: BatchSteps) each
+get their rows alone and write what they write alone."""
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ import longspec
 from longspec.cache import StaticCache
 from longspec.cache.base import CHUNK
 from longspec.models.attention import block_layout, block_order, grouped_attention
-from longspec.models.graphs import StaticSteps
+from longspec.models.graphs import BATCH_GRAPHS, BatchSteps, StaticSteps
 from longspec.models.prefill import prefill
 from longspec.models.tree_attention import SPLIT, tree_attention
 from longspec.tree import DraftTree, TreeShape
@@ -128,3 +130,44 @@ def test_a_step_at_static_shapes_gives_the_eager_forwards_rows(triton_model):
         assert torch.equal(static.logits, eager.logits)
         assert torch.equal(static.hidden, eager.hidden)
     assert sorted(steps.buckets) == [1, 16]
+
+
+def test_a_batchs_step_at_static_shapes_gives_each_member_its_eager_rows(triton_model):
+    # two generations at other contexts, a tree and a lone token, through their buckets in
+    # one forward (on CUDA captured the second time: the run on a card checks that), against
+    # each one's eager forward over its own cache, bit for bit
+    net = triton_model.net
+    members = []
+    for context, parents in ((40, PARENTS), (7, [-1])):
+        cache = StaticCache(net.config, context + 80, net.dtype, net.device)
+        prefill(net, torch.arange(3, 3 + context, device=net.device) % 60, cache, 0)
+        shape = TreeShape(parents, net.device)
+        tree = DraftTree(shape, torch.arange(5, 5 + shape.n, device=net.device))
+        eager = net(tree.tokens, shape.depth + cache.length, cache, shape.mask(net.dtype),
+                    return_hidden=True)
+        members.append((StaticSteps(net, cache), tree, eager))
+    batch = BatchSteps(net)
+    outs = batch([m[0] for m in members], [m[1] for m in members])
+    for (_, tree, eager), out in zip(members, outs):
+        assert torch.equal(out.logits, eager.logits)
+        assert torch.equal(out.hidden, eager.hidden)
+        assert torch.equal(out.top_tokens(4), eager.top_tokens(4))
+    assert len(batch.graphs) == 1
+    batch.forget(members[1][0])         # a member left: its combinations go
+    assert not batch.graphs
+    assert BATCH_GRAPHS >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("costs_that_pay")
+def test_generations_batched_on_a_model_with_attention_in_the_kernel_write_what_they_write_alone(
+        triton_model):
+    prompts = [[5, 9, 14, 5, 9, 22, 31, 5, 9, 14, 40, 7] * 2, [3, 4, 5, 6] * 5, [7, 8, 9]]
+    kwargs = {"max_new_tokens": 24, "sampling": SAMPLED, "seed": 3, "ignore_eos": True,
+              "options": {"sizing": "fixed", "max_nodes": 16}}
+    alone = [longspec.generate(triton_model, p, method="suffix", **kwargs).token_ids
+             for p in prompts]
+    batched = longspec.generate_many(triton_model, prompts, max_batch=3, method="suffix",
+                                     **kwargs)
+    assert [r.token_ids for r in batched] == alone
+    assert any(r.stats["accepted_draft_tokens"] for r in batched)

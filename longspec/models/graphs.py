@@ -13,6 +13,12 @@ every context length, and a replay issues the same kernels as the eager forward:
 are the same with graphs or without, and the same in every bucket (the products run as
 CUDA_ROWS-row parts on CUDA, the kernel is row by row).
 
+Several generations stepping together (batching.py) run the same way (BatchSteps): each member's
+tree in its own bucket's buffers, the buckets' rows one after another in one forward over the
+members' caches (Transformer.forward_many with the buckets' plans), captured once per
+combination of buckets that recurs (a batch's plain steps: every member's bucket of one row).
+Its rows are each member's bucket's rows alone, bit for bit, as forward_many's are.
+
 Without CUDA (a CPU, under Triton's interpreter, in the tests) the same static forward runs
 eagerly, so the buffers and the bucket rule are checked against `ar` there too.
 """
@@ -20,15 +26,19 @@ eagerly, so the buffers and the bucket rule are checked against `ar` there too.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 
 import torch
 
 from ..cache.base import AttentionPlan
 from ..cache.full import StaticCache
 from ..memory import upload
-from .transformer import ForwardOutput
+from .transformer import ForwardOutput, Segment, TopTokens
 
 BUCKETS = (1, 16, 64)
+# captured combinations of members' buckets a batch keeps (the least recently run dropped):
+# one per membership of its plain steps, and those of the steps some members draft in
+BATCH_GRAPHS = 8
 
 
 def bucket_rows(n: int) -> int | None:
@@ -57,13 +67,19 @@ class StaticSteps:
         """Cache slots past the committed ones a step may write (its bucket's rows)."""
         return bucket_rows(max_nodes) or max_nodes
 
-    def bucket(self, n: int) -> _Bucket | None:
-        """The bucket of a tree of n nodes, made (and captured) on first use; None past the
-        largest (the eager forward)."""
+    def bucket(self, n: int, capture: bool = True) -> _Bucket | None:
+        """The bucket of a tree of n nodes, made on first use and captured for this
+        generation's steps alone when `capture` (a batch's buckets are captured together:
+        BatchSteps); None past the largest (the eager forward)."""
         size = bucket_rows(n)
-        if size is not None and size not in self.buckets:
-            self.buckets[size] = _Bucket(self.net, self.cache, size, self.capture)
-        return None if size is None else self.buckets[size]
+        if size is None:
+            return None
+        bucket = self.buckets.get(size)
+        if bucket is None:
+            bucket = self.buckets[size] = _Bucket(self.net, self.cache, size)
+        if capture and self.capture and bucket.graph is None:
+            bucket.graph, bucket.out = _capture(self.net, [bucket], bucket.forward)
+        return bucket
 
     def __call__(self, tree) -> ForwardOutput:
         bucket = self.bucket(tree.n)
@@ -81,10 +97,28 @@ def _fields(packed: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
             packed[rows * (rows + 1):rows * (rows + 2)], packed[-1:])
 
 
+def _capture(net, buckets: list[_Bucket], forward) -> tuple[torch.cuda.CUDAGraph, object]:
+    """`forward()` over the buckets' buffers captured, and what it returned: warmed up on a
+    side stream first, every bucket's rows padding at its cache's committed length, so the
+    warm-up and the capture write keys only past the committed slots."""
+    for b in buckets:
+        b.packed.copy_(b.layout(None))
+    stream = torch.cuda.Stream(net.device)
+    stream.wait_stream(torch.cuda.current_stream(net.device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            forward()
+    torch.cuda.current_stream(net.device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = forward()
+    return graph, out
+
+
 class _Bucket:
     """Static buffers of one bucket of rows, and its graph once captured."""
 
-    def __init__(self, net, cache: StaticCache, rows: int, capture: bool):
+    def __init__(self, net, cache: StaticCache, rows: int):
         self.net, self.cache, self.rows = net, cache, rows
         device = net.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
@@ -92,30 +126,18 @@ class _Bucket:
         self.packed = torch.zeros(rows * (rows + 2) + 1, dtype=torch.long, device=device)
         self.positions, tail, count, start = _fields(self.packed, rows)
         self.plan = AttentionPlan(start, rows, cache.k[0].shape[1], None, layout=(tail, count))
-        self.graph = None
+        self.graph: torch.cuda.CUDAGraph | None = None
         self.out: ForwardOutput | None = None
-        if capture:
-            self._capture()
 
-    def _forward(self) -> ForwardOutput:
+    def forward(self) -> ForwardOutput:
         return self.net(self.tokens, self.positions, self.cache, plan=self.plan,
                         return_hidden=True)
 
-    def _capture(self) -> None:
-        """Warm up on a side stream, then capture, with the cache's committed length in the
-        buffers: the warm-up and the capture write keys only past the committed slots."""
-        self.packed.copy_(self._layout(None))
-        stream = torch.cuda.Stream(self.net.device)
-        stream.wait_stream(torch.cuda.current_stream(self.net.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward()
-        torch.cuda.current_stream(self.net.device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self._forward()
+    def segment(self) -> Segment:
+        """The bucket's rows as their part of a forward of several generations."""
+        return Segment(self.tokens, self.positions, self.cache)
 
-    def _layout(self, shape) -> torch.Tensor:
+    def layout(self, shape) -> torch.Tensor:
         """The host's packed positions, tails, counts and committed length for a tree of this
         shape (None: no tree, every row padding) on the device."""
         rows, start = self.rows, self.cache.length
@@ -133,13 +155,81 @@ class _Bucket:
         length.fill_(start)
         return upload(host, self.net.device)
 
+    def load(self, tree) -> None:
+        """The tree's tokens and layout into the buffers."""
+        self.tokens[:tree.n].copy_(tree.tokens)
+        self.packed.copy_(self.layout(tree.shape))
+
     def run(self, tree) -> ForwardOutput:
         n = tree.n
-        self.tokens[:n].copy_(tree.tokens)
-        self.packed.copy_(self._layout(tree.shape))
+        self.load(tree)
         if self.graph is None:
-            out = self._forward()
+            out = self.forward()
             return ForwardOutput(out.logits[:n], out.hidden[:n])
         self.graph.replay()
         # copies: the graph's outputs are overwritten by its next replay
         return ForwardOutput(self.out.logits[:n].clone(), self.out.hidden[:n].clone())
+
+
+class BatchSteps:
+    """The tree steps of a batch's members over their caches at static shapes:
+    `__call__(steps, trees)` -> each member's ForwardOutput (logits [n, vocab], hidden
+    [n, hidden]), or None where a tree is past the largest bucket (the eager forward_many).
+    A combination of buckets is captured the second time it runs (the first runs eagerly:
+    one that a member's joining or leaving makes may not recur)."""
+
+    def __init__(self, net):
+        self.net = net
+        self.capture = net.device.type == "cuda"
+        # by the buckets' identities: the buckets (kept alive while their graph is) and,
+        # once the combination recurs, its graph and what the graph returns
+        self.graphs: OrderedDict[tuple[int, ...], tuple[list[_Bucket], tuple | None]] = \
+            OrderedDict()
+
+    def __call__(self, steps: list[StaticSteps], trees: list) -> list[ForwardOutput] | None:
+        buckets = [s.bucket(t.n, capture=False) for s, t in zip(steps, trees)]
+        if None in buckets:
+            return None
+        captured = self._graph(buckets)
+        for b, tree in zip(buckets, trees):
+            b.load(tree)
+        if captured is None:
+            logits, hidden = self._forward(buckets)
+        else:
+            graph, (logits, hidden) = captured
+            graph.replay()
+            # copies: the graph's outputs are overwritten by its next replay
+            logits, hidden = logits.clone(), hidden.clone()
+        top, outs, row = TopTokens(logits), [], 0
+        for b, tree in zip(buckets, trees):
+            rows = slice(row, row + tree.n)
+            outs.append(ForwardOutput(logits[rows], hidden[rows], shared_top=top, rows=rows))
+            row += b.rows
+        return outs
+
+    def forget(self, steps: StaticSteps) -> None:
+        """Drop the graphs over a member's buckets (it left: they would not run again)."""
+        gone = {id(b) for b in steps.buckets.values()}
+        for key in [key for key in self.graphs if gone.intersection(key)]:
+            del self.graphs[key]
+
+    def _graph(self, buckets: list[_Bucket]) -> tuple | None:
+        """The combination's graph and what it returns, once it recurs on CUDA; else None."""
+        key = tuple(map(id, buckets))
+        if key not in self.graphs:
+            self.graphs[key] = (buckets, None)
+            while len(self.graphs) > BATCH_GRAPHS:
+                self.graphs.popitem(last=False)
+            return None
+        self.graphs.move_to_end(key)
+        captured = self.graphs[key][1]
+        if captured is None and self.capture:
+            captured = _capture(self.net, buckets, lambda: self._forward(buckets))
+            self.graphs[key] = (buckets, captured)
+        return captured
+
+    def _forward(self, buckets: list[_Bucket]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and hidden states of every bucket's rows, one bucket after another."""
+        outs = self.net.forward_many([b.segment() for b in buckets], return_hidden=True,
+                                     plans=[b.plan for b in buckets])
+        return outs[0].shared_top.logits, torch.cat([o.hidden for o in outs])

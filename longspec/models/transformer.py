@@ -236,13 +236,16 @@ class Transformer(nn.Module):
         return ForwardOutput(logits, x if return_hidden else None, queries)
 
     @torch.no_grad()
-    def forward_many(self, segments: list[Segment], return_hidden: bool = False
-                     ) -> list[ForwardOutput]:
+    def forward_many(self, segments: list[Segment], return_hidden: bool = False,
+                     plans: list[AttentionPlan] | None = None) -> list[ForwardOutput]:
         """Several generations' blocks in one forward (batched verification): each segment's
         output is what `forward` gives it alone, bit for bit, since every product is
         row-invariant (the row check at load: selfcheck.py) and attention reads each segment's
-        own cache. Logits for every row."""
-        parts = [(s.cache, self._plan(s.tokens.shape[0], s.cache, s.mask)) for s in segments]
+        own cache. Logits for every row. `plans` given (a captured step's: models/graphs.py),
+        one a segment, are used as they are, masks unread."""
+        if plans is None:
+            plans = [self._plan(s.tokens.shape[0], s.cache, s.mask) for s in segments]
+        parts = [(s.cache, plan) for s, plan in zip(segments, plans)]
         x, _ = self._layers(torch.cat([s.tokens for s in segments]),
                             torch.cat([s.positions for s in segments]), parts, False)
         logits = self.hidden_to_logits(x)
