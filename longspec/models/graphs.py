@@ -25,6 +25,7 @@ eagerly, so the buffers and the bucket rule are checked against `ar` there too.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections import OrderedDict
 
@@ -100,7 +101,10 @@ def _fields(packed: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
 def _capture(net, buckets: list[_Bucket], forward) -> tuple[torch.cuda.CUDAGraph, object]:
     """`forward()` over the buckets' buffers captured, and what it returned: warmed up on a
     side stream first, every bucket's rows padding at its cache's committed length, so the
-    warm-up and the capture write keys only past the committed slots."""
+    warm-up and the capture write keys only past the committed slots. Python's garbage
+    collector is held during the capture: a collection there can free an ended generation's
+    graph, which CUDA forbids while capturing (on an H200, two streams interleaved on one model
+    after other generations failed so)."""
     for b in buckets:
         b.packed.copy_(b.layout(None))
     stream = torch.cuda.Stream(net.device)
@@ -110,8 +114,14 @@ def _capture(net, buckets: list[_Bucket], forward) -> tuple[torch.cuda.CUDAGraph
             forward()
     torch.cuda.current_stream(net.device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = forward()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph):
+            out = forward()
+    finally:
+        if collecting:
+            gc.enable()
     return graph, out
 
 
