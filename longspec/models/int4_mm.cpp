@@ -199,22 +199,39 @@ inline Ints wide_codes(Ints a) { return a; }
 // Each lane's exact dot products of its output's codes with the group's activations qx, over
 // k 0..31 (PARTS 1: part[0]) or over k 0..15 and 16..31 (PARTS 2); `total` qx's sums over its
 // halves. Signed codes go in as |code| and the activations take their signs (|code| <= 128 and
-// |qx| <= 127 keep maddubs' pair sums from saturating).
+// |qx| <= 127 keep maddubs' pair sums from saturating). maddubs' 16-bit pair sums of RUN lanes
+// of codes are added as 16-bit integers before one madd widens them: as many as cannot pass
+// 32767 (2 * 127 * the largest code each: 8 lanes of 4-bit codes, 4 of 5-bit, 2 of 6-bit, 1
+// of 8-bit), so every sum is exact and the same as summed in 32 bits, with up to 7 of 8
+// madds fewer.
 template <int BITS, int PARTS>
 inline void group_dot(const Ints* u, const int8_t* qx, const int32_t* total, Ints* part) {
+  constexpr int LARGEST = BITS == 8 ? 128 : (1 << BITS) - 1;
+  constexpr int LANES_A_PART = 8 / PARTS;
+  constexpr int FIT = 32767 / (2 * 127 * LARGEST);
+  constexpr int RUN = FIT < LANES_A_PART ? FIT : LANES_A_PART;
   const Ints ones = _mm256_set1_epi16(1);
   for (int h = 0; h < PARTS; ++h) {
-    Ints even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-    for (int j = 8 / PARTS * h; j < 8 / PARTS * (h + 1); ++j) {
-      Ints x = _mm256_set1_epi32(four(qx + 4 * j)), codes = u[j];
-      if constexpr (BITS == 8) {
-        x = _mm256_sign_epi8(x, codes);
-        codes = _mm256_abs_epi8(codes);
+    Ints sum32 = _mm256_setzero_si256();
+    for (int j0 = LANES_A_PART * h; j0 < LANES_A_PART * (h + 1); j0 += RUN) {
+      Ints even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+      for (int j = j0; j < j0 + RUN; ++j) {
+        Ints x = _mm256_set1_epi32(four(qx + 4 * j)), codes = u[j];
+        if constexpr (BITS == 8) {
+          x = _mm256_sign_epi8(x, codes);
+          codes = _mm256_abs_epi8(codes);
+        }
+        const Ints pairs = _mm256_maddubs_epi16(codes, x);
+        if constexpr (RUN == 1) {
+          sum32 = _mm256_add_epi32(sum32, _mm256_madd_epi16(pairs, ones));
+        } else {
+          (j % 2 ? odd : even) = _mm256_add_epi16(j % 2 ? odd : even, pairs);
+        }
       }
-      const Ints sums = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), ones);
-      (j % 2 ? odd : even) = _mm256_add_epi32(j % 2 ? odd : even, sums);
+      if constexpr (RUN > 1)
+        sum32 = _mm256_add_epi32(sum32, _mm256_madd_epi16(_mm256_add_epi16(even, odd), ones));
     }
-    part[h] = _mm256_add_epi32(even, odd);
+    part[h] = sum32;
     const int32_t sum = PARTS == 2 ? total[h] : total[0] + total[1];
     if constexpr (BITS == 6) part[h] = _mm256_sub_epi32(part[h], _mm256_set1_epi32(32 * sum));
   }
