@@ -37,7 +37,6 @@
 
 #include <ATen/Parallel.h>
 
-#include <cmath>
 #include <cstring>
 #include <optional>
 #include <type_traits>
@@ -79,29 +78,53 @@ struct Weights {
   int64_t n, groups;
 };
 
+// 8 activations as floats
+inline __m256 eight(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 eight(const at::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// The sum of 8 int32 lanes (exact)
+inline int32_t lane_sum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+
+// Each group's codes: nearbyint(x / d) as the vector conversion rounds it (to nearest, ties to
+// even, as nearbyint does in the default rounding mode), d = max |x| / 127.
 template <typename T>
 Quantized quantize(const T* x, int64_t rows, int64_t k) {
   const int64_t groups = k / GROUP;
   Quantized q{k, groups, std::vector<int8_t>(rows * k), std::vector<int32_t>(rows * groups * 2),
               std::vector<float>(rows * groups), std::vector<float>(rows * groups)};
   at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t i = begin; i < end; ++i) {
-      float v[GROUP], amax = 0;
-      for (int64_t j = 0; j < GROUP; ++j) {
-        v[j] = static_cast<float>(x[i * GROUP + j]);
-        amax = std::max(amax, std::fabs(v[j]));
+      __m256 v[4], top = _mm256_setzero_ps();
+      for (int j = 0; j < 4; ++j) {
+        v[j] = eight(x + i * GROUP + 8 * j);
+        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v[j]));
       }
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
       const float d = amax / 127, inverse = d > 0 ? 1 / d : 0;
-      int total[2] = {0, 0};
-      for (int64_t j = 0; j < GROUP; ++j) {
-        const int c = static_cast<int>(std::nearbyint(v[j] * inverse));
-        q.codes[i * GROUP + j] = static_cast<int8_t>(c);
-        total[j / 16] += c;
-      }
-      q.half_total[2 * i] = total[0];
-      q.half_total[2 * i + 1] = total[1];
+      __m256i c[4];
+      for (int j = 0; j < 4; ++j)
+        c[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(inverse)));
+      const __m256i bytes8 = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]),
+                                                _mm256_packs_epi32(c[2], c[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q.codes.data() + i * GROUP),
+                          _mm256_permutevar8x32_epi32(bytes8, order));
+      const int32_t first = lane_sum(_mm256_add_epi32(c[0], c[1]));
+      const int32_t second = lane_sum(_mm256_add_epi32(c[2], c[3]));
+      q.half_total[2 * i] = first;
+      q.half_total[2 * i + 1] = second;
       q.step[i] = d;
-      q.sum[i] = d * static_cast<float>(total[0] + total[1]);
+      q.sum[i] = d * static_cast<float>(first + second);
     }
   });
   return q;
@@ -120,6 +143,7 @@ constexpr int64_t LANES = 16;
 // the time of a block of 4 and the rest, on a Zen 4 (BENCHMARKS.md, "int4_mm"). AVX2's 16
 // registers spill them (0.96-1.08x): there, a block of 4 and the rest.
 constexpr bool ONE_PASS_REST = true;
+constexpr int64_t WIDE_BLOCK = ROW_BLOCK;
 using Floats = __m512;
 using Ints = __m512i;
 
@@ -172,6 +196,11 @@ inline void store(float* p, Floats v) { _mm512_storeu_ps(p, v); }
 #else
 constexpr int64_t LANES = 8;
 constexpr bool ONE_PASS_REST = false;
+// Rows that share one unpacking of a tile's codes before the blocks of ROW_BLOCK: with the mins'
+// sums in a pass of their own (tile), blocks of 16 take 0.87-0.99x the time of blocks of 8 on
+// 16 to 32 rows of the 1.5B's products on a Zen 4 (with AVX-512's VNNI, 1.05-1.15x on its
+// 4-bit ones: there, blocks of 8).
+constexpr int64_t WIDE_BLOCK = 16;
 using Floats = __m256;
 using Ints = __m256i;
 
@@ -295,15 +324,8 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
   [[maybe_unused]] const S* scale_min = w.scale_min + t * groups * 2 * TILE + lane0;
   [[maybe_unused]] const uint8_t* blocks =
       reinterpret_cast<const uint8_t*>(w.scale_min) + t * groups / SUPER * SUPER_BYTES;
-  Floats acc[R], offset[R];
-  for (int r = 0; r < R; ++r) acc[r] = offset[r] = zeros();
-  Ints u[8];
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* ahead = codes + (g + AHEAD) * GROUP * TILE * BITS / 8;
-    for (int64_t b = 0; b < GROUP * TILE * BITS / 8; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + b), _MM_HINT_T0);
-    unpack<BITS>(codes + g * GROUP * TILE * BITS / 8, u);
-    Floats first, second;   // scales, and mins (or the scales of k 16..31)
+  // a group's scales, and its mins (or the scales of k 16..31)
+  const auto scales = [&](int64_t g, Floats& first, Floats& second) {
     if constexpr (KQUANT) {
       const uint8_t* block = blocks + g / SUPER * SUPER_BYTES;
       const at::Half* d = reinterpret_cast<const at::Half*>(block) + lane0;
@@ -315,6 +337,22 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
       first = load_floats(scale_min + g * 2 * TILE);
       second = load_floats(scale_min + g * 2 * TILE + TILE);
     }
+  };
+  // With AVX2's 16 registers, the mins' sums of 4 rows or more run in a pass of their own after
+  // the codes' (the same operations in the same order): beside them their accumulators spill,
+  // and apart 8 to 24 rows of the 1.5B's 4-bit products take 0.83-0.91x the time on a Zen 4.
+  // With AVX-512's 32, beside them (apart: 1.01-1.05x the time).
+  constexpr bool APART = LANES == 8 && !SIXTEEN && R >= 4;
+  Floats acc[R], offset[R];
+  for (int r = 0; r < R; ++r) acc[r] = offset[r] = zeros();
+  Ints u[8];
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* ahead = codes + (g + AHEAD) * GROUP * TILE * BITS / 8;
+    for (int64_t b = 0; b < GROUP * TILE * BITS / 8; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + b), _MM_HINT_T0);
+    unpack<BITS>(codes + g * GROUP * TILE * BITS / 8, u);
+    Floats first, second;
+    scales(g, first, second);
     const int64_t gx = g < x_groups ? g : g - x_groups;   // doubled: the second half's x
     for (int r = 0; r < R; ++r) {
       const int64_t i = (r0 + r) * x_groups + gx;
@@ -322,13 +360,18 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
       group_dot<BITS, SIXTEEN ? 2 : 1>(u, q.codes.data() + i * GROUP,
                                        q.half_total.data() + 2 * i, part);
       const Floats step = broadcast(q.step[i]);
-      if constexpr (SIXTEEN) {
-        acc[r] = fma(to_floats(part[0]), mul(first, step), acc[r]);
-        acc[r] = fma(to_floats(part[1]), mul(second, step), acc[r]);
-      } else {
-        acc[r] = fma(to_floats(part[0]), mul(first, step), acc[r]);
-        offset[r] = fma(second, broadcast(q.sum[i]), offset[r]);
-      }
+      acc[r] = fma(to_floats(part[0]), mul(first, step), acc[r]);
+      if constexpr (SIXTEEN) acc[r] = fma(to_floats(part[1]), mul(second, step), acc[r]);
+      if constexpr (!SIXTEEN && !APART) offset[r] = fma(second, broadcast(q.sum[i]), offset[r]);
+    }
+  }
+  if constexpr (APART) {
+    for (int64_t g = 0; g < groups; ++g) {
+      Floats first, second;
+      scales(g, first, second);
+      const int64_t gx = g < x_groups ? g : g - x_groups;
+      for (int r = 0; r < R; ++r)
+        offset[r] = fma(second, broadcast(q.sum[(r0 + r) * x_groups + gx]), offset[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -349,6 +392,9 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t lane0 = 0; lane0 < TILE; lane0 += LANES) {
         int64_t r0 = 0;
+        if constexpr (WIDE_BLOCK > ROW_BLOCK)
+          for (; r0 + WIDE_BLOCK <= rows; r0 += WIDE_BLOCK)
+            tile<WIDE_BLOCK, BITS, SIXTEEN>(w, q, t, lane0, r0, y);
         for (; r0 + ROW_BLOCK <= rows; r0 += ROW_BLOCK)
           tile<ROW_BLOCK, BITS, SIXTEEN>(w, q, t, lane0, r0, y);
         if (!ONE_PASS_REST && rows - r0 >= 4) {
