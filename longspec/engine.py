@@ -24,7 +24,7 @@ from .models.loader import Model
 from .models.prefill import prefill
 from .models.transformer import ForwardOutput, Segment
 from .sampler import Sampler
-from .sizing import Sizer, StepCost, calibration_key
+from .sizing import Sizer, StepCost, Unmeasured, calibration_key
 from .stats import Stats
 from .stopping import StopRules
 from .tree import DraftTree, TreeTemplate
@@ -145,15 +145,29 @@ class Engine:
         self.stats.sizing_s += seconds
         return seconds
 
-    def propose(self) -> tuple[DraftTree, float]:
-        """The drafter's tree, cut to the size that pays most when it is scored, and the
-        seconds its sizing took (timing steps for it left out)."""
+    def propose(self) -> tuple[DraftTree, float, bool]:
+        """The drafter's tree, cut to the size that pays most when it is scored, the seconds
+        its sizing took (timing steps for it left out), and whether its size times a step
+        instead: where the choice needs a size not measured at this context, the tree is the
+        draft's best nodes, as many as that size, and its step measures it (sizing.py); where
+        the draft has fewer, a timing step over a throwaway tree does."""
         tree, draft_seconds = self.draft()
+        timing = False
         begin, measured = time.perf_counter(), self.stats.sizing_s
         if self.budget.sizing == "adaptive" and tree.scores is not None and tree.n > 1:
-            self.sizer.cost.refresh(len(self.tokens), self.measure_step)
-        tree = self.size(tree, draft_seconds)
-        return tree, time.perf_counter() - begin - (self.stats.sizing_s - measured)
+            self.sizer.cost.refresh(len(self.tokens), None)
+        try:
+            tree = self.size(tree, draft_seconds)
+        except Unmeasured as missing:
+            timing = missing.rows <= tree.n
+            if timing:
+                tree = self.sizer.best(tree, missing.rows)
+                if self.steps is not None:
+                    self.steps.bucket(tree.n)       # a capture is not a step's cost
+            else:
+                self.sizer.cost.refresh(len(self.tokens), self.measure_step)
+                tree = self.size(tree, draft_seconds)
+        return tree, time.perf_counter() - begin - (self.stats.sizing_s - measured), timing
 
     def draft(self) -> tuple[DraftTree, float]:
         """The drafter's tree, as it is, and the seconds it took."""
@@ -175,10 +189,12 @@ class Engine:
 
     def step(self) -> list[int]:
         """One step alone: propose, verify, commit; the tokens it commits."""
-        tree, sizing_s = self.propose()
+        tree, sizing_s, timing = self.propose()
         begin = time.perf_counter()
         target, verdict = self.target(tree, sizing_s)
         self.sizer.cost.observe(tree.n, time.perf_counter() - begin)
+        target.timing = timing
+        self.stats.timing_steps += timing
         return self.commit(tree, target, verdict)
 
     def segment(self, tree: DraftTree) -> Segment:

@@ -10,9 +10,13 @@ n = 1 is a plain decoding step.
   sizes and interpolated; measured again as the context grows. A size is measured only when
   a choice needs it: a step over 48 nodes costs ~8 plain steps on a CPU, and trees that
   large rarely pay, so measuring every size up front cost a fifth of a 512-token generation.
-  Each size is timed once; the real steps of a measured size then lower its time to the
-  fastest seen (a timing taken while the machine was busy is corrected for free, where
-  timing each size twice cost ~5% of a 512-token generation).
+  A generation alone measures a size by a real step: its draft's best nodes, as many as the
+  size (`Unmeasured`; a timing step over a throwaway tree only where the draft has fewer),
+  whose tokens count, where timing steps cost a module returned with an edit 8.6% of its
+  decoding under AVX2 (three rounds of sizes 1 to 32 or 48: ~2 s of 23). Each size is timed
+  once; the real steps of a measured size then lower its time to the fastest seen (a timing
+  taken while the machine was busy is corrected for free, where timing each size twice cost
+  ~5% of a 512-token generation).
 - `Calibration`: what each source's estimates are worth, learned online: per source and bin
   of the estimated chance that a node follows its parent, how often such a node was accepted
   when its parent was. Only verified nodes teach it, so a bin whose first few nodes failed
@@ -49,6 +53,16 @@ EXPLORE = 1.0                # standard errors of optimism in a bin's chance
 BIN_ESTIMATE = [2 ** (-(b + 0.5) / 4) for b in range(BINS)]   # the middle of each bin
 
 
+class Unmeasured(Exception):
+    """A choice needs the seconds of a step over `rows` rows, not measured at this context, and
+    the StepCost has no timing step to take (`StepCost.refresh` without one): the next real step
+    over that many rows measures it (`StepCost.observe`)."""
+
+    def __init__(self, rows: int):
+        super().__init__(f"a step over {rows} rows is not measured")
+        self.rows = rows
+
+
 class StepCost:
     """Seconds of this generation's target steps over up to max_rows rows, at its context.
     Sizes measured are also looked up in, and recorded to, the model's shared table
@@ -63,10 +77,10 @@ class StepCost:
         self.table = table
         self._measure: Callable[[int], float] | None = None
 
-    def refresh(self, context: int, measure: Callable[[int], float]) -> None:
+    def refresh(self, context: int, measure: Callable[[int], float] | None) -> None:
         """Forget the measurements when the context has moved far enough from the one
-        measured at; sizes are measured again (`measure(n)`: seconds of a step over n rows)
-        as they are needed."""
+        measured at; sizes are measured again (`measure(n)`: seconds of a timing step over n
+        rows) as they are needed, or, without `measure`, raise Unmeasured."""
         self._measure = measure
         moved = abs(context - self.context)
         if self.seconds and moved < max(self.context * (REFRESH_GROWTH - 1), REFRESH_MIN_TOKENS):
@@ -83,6 +97,8 @@ class StepCost:
             size = self.sizes[len(self.seconds)]
             t = self._lookup(size)
             if t is None:
+                if self._measure is None:
+                    raise Unmeasured(size)
                 t = self._measure(size)
                 self.measuring_s += t
                 self._record(size, t)
@@ -98,8 +114,13 @@ class StepCost:
             self.table.record(1, rows, self.context, seconds)
 
     def observe(self, n: int, seconds: float) -> None:
-        """A real step over n nodes took `seconds`: when n is a measured size, its time
-        becomes the fastest seen (smaller sizes never cost more)."""
+        """A real step over n nodes took `seconds`: when n is the next size to measure, that
+        is its measurement; when n is a measured size, its time becomes the fastest seen
+        (smaller sizes never cost more)."""
+        if len(self.seconds) < len(self.sizes) and n == self.sizes[len(self.seconds)]:
+            self.seconds.append(max(seconds, self.seconds[-1]) if self.seconds else seconds)
+            self._record(n, seconds)
+            return
         i = self.sizes.index(n) if n in self.sizes else len(self.seconds)
         if i >= len(self.seconds) or seconds >= self.seconds[i]:
             return
@@ -202,6 +223,12 @@ class Calibration:
                 self._expected[source] += BIN_ESTIMATE[b]
 
 
+def score_order(scores: list[float]) -> list[int]:
+    """A scored tree's nodes past the root, best first (ties: the earlier node), so that every
+    prefix keeps its nodes' parents."""
+    return sorted(range(1, len(scores)), key=lambda i: (-scores[i], i))
+
+
 def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
     """The tree restricted to the nodes `keep` (increasing, the root first, parents kept)."""
     new = {old: k for k, old in enumerate(keep)}
@@ -236,14 +263,13 @@ class Sizer:
         if tree.scores is None or tree.n == 1:
             return tree
         if not adaptive:
-            order = sorted(range(1, tree.n), key=lambda i: (-tree.scores[i], i))
             if tree.n <= max_nodes:
                 return tree
-            return subtree(tree, sorted([0, *order[:max_nodes - 1]]))
+            return subtree(tree, sorted([0, *score_order(tree.scores)[:max_nodes - 1]]))
         cost = self.cost if cost is None else cost
         gained, rows = others
         scores = self.calibration.scores(tree)
-        order = sorted(range(1, tree.n), key=lambda i: (-scores[i], i))[:max_nodes - 1]
+        order = score_order(scores)[:max_nodes - 1]
         best, gain = 1, 1.0
         best_rate = (gained + worth * gain) / (draft_seconds + cost(rows + 1))
         rest = sum(scores[node] for node in order)      # the gain of the nodes not yet taken
@@ -262,6 +288,10 @@ class Sizer:
         if best == tree.n:
             return tree
         return subtree(tree, sorted([0, *order[:best - 1]]))
+
+    def best(self, tree: DraftTree, n: int) -> DraftTree:
+        """The scored tree's n best nodes by their calibrated scores, as `choose` takes them."""
+        return subtree(tree, sorted([0, *score_order(self.calibration.scores(tree))[:n - 1]]))
 
     def record(self, tree: DraftTree, accepted: list[int]) -> None:
         if tree.scores is not None:

@@ -17,6 +17,9 @@ class Stats:
     # step was then `ar`'s)
     speculation: str = "on"
     steps: int = 0                   # verify forwards
+    # ... of them, steps whose tree was cut to a size being timed (sizing.py), not chosen for
+    # what it pays (their tokens committed)
+    timing_steps: int = 0
     verified_nodes: int = 0          # tree nodes over all verify forwards, roots included
     drafted_tokens: int = 0          # draft tokens offered, on the accepted-length axis
     accepted_draft_tokens: int = 0   # accepted draft tokens that were committed
@@ -24,7 +27,7 @@ class Stats:
     prefill_s: float = 0.0
     decode_s: float = 0.0            # the decoding loop's seconds, less the caller's with chunks
     verify_forward_s: float = 0.0    # time in the verify forwards (CPU only: CUDA is asynchronous)
-    sizing_s: float = 0.0            # time measuring step costs for adaptive sizing (in decode_s)
+    sizing_s: float = 0.0            # time timing throwaway steps for adaptive sizing (in decode_s)
     peak_memory_bytes: int = 0       # see memory.PeakMemory
 
     @property
@@ -45,6 +48,7 @@ class Stats:
         return {
             "new_tokens": self.new_tokens,
             "steps": self.steps,
+            "timing_steps": self.timing_steps,
             "drafted_tokens": self.drafted_tokens,
             "accepted_draft_tokens": self.accepted_draft_tokens,
             "acceptance_rate": self.acceptance_rate,

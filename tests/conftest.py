@@ -60,19 +60,25 @@ def costs_that_pay(monkeypatch):
     """Adaptive sizing decides from step costs as `flat_step_seconds` gives them, not as timed,
     so what it drafts depends on the text alone: on a slow or busy machine the measured costs
     can rightly make it draft nothing, and a test that must see drafts verified would then
-    compare plain decoding with itself. Each size is still measured by a real throwaway step
-    (its keys land in uncommitted slots: the equality tests check that nothing else moves), its
-    time ignored; the real steps' times do not lower the costs, nor do earlier generations'
-    timings in the model's shared table stand in for a measure (a batch's plain step is one
-    generation's over as many rows)."""
-    refresh = StepCost.refresh
+    compare plain decoding with itself. Each size is still measured by a real step (a
+    generation alone: its draft's best nodes, committed; a batch: a throwaway step, whose keys
+    land in uncommitted slots: the equality tests check that nothing else moves), its time
+    taken as `flat_step_seconds` gives it, so that the real steps' times do not lower the
+    costs; nor do earlier generations' timings in the model's shared table stand in for a
+    measure (a batch's plain step is one generation's over as many rows), nor are these costs
+    recorded there (the table's file, which later tests and processes read, keeps real
+    timings only)."""
+    refresh, observe = StepCost.refresh, StepCost.observe
 
     def fixed(self, context, measure):
-        refresh(self, context, lambda n: (measure(n), flat_step_seconds(n))[1])
+        refresh(self, context, None if measure is None
+                else lambda n: (measure(n), flat_step_seconds(n))[1])
 
     monkeypatch.setattr(StepCost, "refresh", fixed)
-    monkeypatch.setattr(StepCost, "observe", lambda self, n, seconds: None)
+    monkeypatch.setattr(StepCost, "observe",
+                        lambda self, n, seconds: observe(self, n, flat_step_seconds(n)))
     monkeypatch.setattr(StepCost, "_lookup", lambda self, rows: None)   # no earlier timings
+    monkeypatch.setattr(StepCost, "_record", lambda self, rows, seconds: None)
     monkeypatch.setattr(BatchCost, "plain_step", lambda self: self.extra(self.members))
 
 

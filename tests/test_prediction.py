@@ -70,7 +70,10 @@ def test_a_prediction_is_drafted_and_accepted_where_the_text_is_new(model):
     assert helped.token_ids == alone.token_ids == ref.token_ids
     sources = helped.stats["sources"]["prediction"]
     assert sources["accepted"] > N / 2
-    assert helped.stats["steps"] < alone.stats["steps"] / 2
+    # (less the steps that timed a size: the same few in both, whatever the prediction)
+    steps = {name: res.stats["steps"] - res.stats["timing_steps"]
+             for name, res in (("helped", helped), ("alone", alone))}
+    assert steps["helped"] < steps["alone"] / 2
 
 
 def test_prediction_usage_counts_what_a_diff_matches():

@@ -1,5 +1,6 @@
-"""Adaptive sizing measures a step size only when a choice needs it, and chooses as if every
-size had been measured; its calibration recovers from an unlucky start."""
+"""Adaptive sizing measures a step size only when a choice needs it (by a timing step, or by the
+next real step where a generation takes none), and chooses as if every size had been measured;
+its calibration recovers from an unlucky start."""
 
 import json
 import random
@@ -15,7 +16,7 @@ from longspec.drafters.base import Budget
 from longspec.sampler import Sampler
 from longspec.sampling import SamplingConfig
 from longspec.shared import FILE_KEYS, SharedState, StepCostTable
-from longspec.sizing import Calibration, Sizer, StepCost, generation_sizer
+from longspec.sizing import Calibration, Sizer, StepCost, Unmeasured, generation_sizer
 from longspec.tree import DraftTree
 
 pytestmark = pytest.mark.unit
@@ -83,10 +84,35 @@ def test_real_steps_lower_a_measured_size_to_the_fastest_seen():
     assert s.cost(4) == 0.020                        # a smaller step never costs more
     assert s.cost(1) == 0.020
     s.cost.observe(8, 0.5)                           # a slower one changes nothing
-    s.cost.observe(16, 0.001)                        # nor one of a size not yet measured
+    s.cost.observe(32, 0.001)                        # nor one past the next size to measure
     s.cost.observe(5, 0.001)                         # nor one between the sizes
     assert s.cost(8) == 0.020 and measured == [1, 2, 4, 8]
     assert s.cost(16) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("chance", [0.05, 0.9, 0.999])
+def test_without_timing_steps_each_size_is_measured_by_the_next_real_step(chance):
+    """A choice that needs a size not measured asks for it (Unmeasured); the real step over
+    the draft's best nodes, as many as that, measures it; once every size it needs is in, the
+    choice is the one timing steps give."""
+    timed, measured, measure = sizer(48)
+    tree = chain(chance, 47)
+    expected, timing = timed.choose(tree, 0.001, 48).n, list(measured)
+    s = Sizer(StepCost(48), Calibration())
+    s.cost.refresh(100, None)
+    asked = []
+    while True:
+        try:
+            choice = s.choose(tree, 0.001, 48)
+            break
+        except Unmeasured as missing:
+            asked.append(missing.rows)
+            step = s.best(tree, missing.rows)
+            assert step.n == missing.rows
+            assert step.tokens.tolist() == tree.tokens[:missing.rows].tolist()
+            s.cost.observe(step.n, measure(step.n))
+    assert asked == timing                          # the sizes the timing steps took
+    assert choice.n == expected
 
 
 def test_a_failing_source_is_doubted_in_bins_it_has_not_tried():

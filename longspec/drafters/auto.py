@@ -230,9 +230,9 @@ class AutoDrafter(Drafter):
 
     def observe(self, tree, target_out, verdict) -> None:
         seconds = self.proposing + target_out.seconds
-        if self.gate is not None and self.drafting is not None:
+        if self.gate is not None and self.drafting is not None and not target_out.timing:
             self.gate.record(self.drafting, len(verdict.tokens), seconds)
-        if self.step is not None:
+        if self.step is not None and not target_out.timing:
             self.rates.record(self.step, len(verdict.tokens), seconds)
         if self.recycled:
             self.recycling.observe(tree, target_out, verdict)
