@@ -76,6 +76,7 @@ class StepCost:
         self.measuring_s = 0.0             # seconds spent measuring, all told
         self.table = table
         self._measure: Callable[[int], float] | None = None
+        self._asked: int | None = None     # the size an Unmeasured asked a real step for
 
     def refresh(self, context: int, measure: Callable[[int], float] | None) -> None:
         """Forget the measurements when the context has moved far enough from the one
@@ -98,6 +99,7 @@ class StepCost:
             t = self._lookup(size)
             if t is None:
                 if self._measure is None:
+                    self._asked = size
                     raise Unmeasured(size)
                 t = self._measure(size)
                 self.measuring_s += t
@@ -114,10 +116,12 @@ class StepCost:
             self.table.record(1, rows, self.context, seconds)
 
     def observe(self, n: int, seconds: float) -> None:
-        """A real step over n nodes took `seconds`: when n is the next size to measure, that
-        is its measurement; when n is a measured size, its time becomes the fastest seen
-        (smaller sizes never cost more)."""
-        if len(self.seconds) < len(self.sizes) and n == self.sizes[len(self.seconds)]:
+        """A real step over n nodes took `seconds`: when an Unmeasured asked for a step over
+        n rows, that is its measurement; when n is a measured size, its time becomes the
+        fastest seen (smaller sizes never cost more)."""
+        if n == self._asked and len(self.seconds) < len(self.sizes) \
+                and n == self.sizes[len(self.seconds)]:
+            self._asked = None
             self.seconds.append(max(seconds, self.seconds[-1]) if self.seconds else seconds)
             self._record(n, seconds)
             return

@@ -84,7 +84,7 @@ def test_real_steps_lower_a_measured_size_to_the_fastest_seen():
     assert s.cost(4) == 0.020                        # a smaller step never costs more
     assert s.cost(1) == 0.020
     s.cost.observe(8, 0.5)                           # a slower one changes nothing
-    s.cost.observe(32, 0.001)                        # nor one past the next size to measure
+    s.cost.observe(16, 0.001)                        # nor one of a size not yet measured
     s.cost.observe(5, 0.001)                         # nor one between the sizes
     assert s.cost(8) == 0.020 and measured == [1, 2, 4, 8]
     assert s.cost(16) == pytest.approx(0.1)

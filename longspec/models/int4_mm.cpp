@@ -341,7 +341,7 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
   // With AVX2's 16 registers, the mins' sums of 4 rows or more run in a pass of their own after
   // the codes' (the same operations in the same order): beside them their accumulators spill,
   // and apart 8 to 24 rows of the 1.5B's 4-bit products take 0.83-0.91x the time on a Zen 4.
-  // With AVX-512's 32, beside them (apart: 1.01-1.05x the time).
+  // With AVX-512's 32, beside them (apart: 1.01-1.06x the time).
   constexpr bool APART = LANES == 8 && !SIXTEEN && R >= 4;
   Floats acc[R], offset[R];
   for (int r = 0; r < R; ++r) acc[r] = offset[r] = zeros();
