@@ -70,6 +70,8 @@ def main() -> None:
     # seconds apart (the machine's speed drifts by up to 25% over minutes)
     keys = [(method, b) for b in batches for method in methods]
     runs: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+    # the CUDA graphs each run captured, and their seconds (models/graphs.py: Captures)
+    captured: dict[tuple[str, int], list[tuple[int, float]]] = {key: [] for key in keys}
     ids: dict[tuple[str, int], list[list[int]]] = {}
     same = dict.fromkeys(keys, True)        # every run of the row gave the same tokens
     model.state.clear()
@@ -84,6 +86,7 @@ def main() -> None:
                 model.state.forget_text()
             else:
                 model.state.clear()      # every run starts as cold as the first
+            taken, spent = model.state.captures.taken, model.state.captures.spent_s
             begin = time.perf_counter()
             results = longspec.generate_many(model, prompts, max_batch=key[1], method=key[0],
                                              **settings)
@@ -91,6 +94,8 @@ def main() -> None:
             got = [r.token_ids for r in results]
             same[key] = same[key] and ids.setdefault(key, got) == got
             runs[key].append(sum(len(t) for t in got) / seconds)
+            captured[key].append((model.state.captures.taken - taken,
+                                  round(model.state.captures.spent_s - spent, 3)))
     rows = []
     for key in keys:
         got, rates = ids[key], runs[key]
@@ -102,6 +107,7 @@ def main() -> None:
                      f"over_{methods[0]}": round(statistics.median(ratios), 3),
                      f"over_{methods[0]}_quartiles": [round(q, 3) for q in _quartiles(ratios)],
                      "identical_to_one_at_a_time": same[key] and got == ids[key[0], batches[0]],
+                     "runs_captures_and_seconds": captured[key],
                      "answer_end": [answer_end(t, set(model.eos_token_ids)) for t in got],
                      "distinct4": [round(distinct_n(t, 4), 2) for t in got]})
         print(json.dumps(rows[-1]), flush=True)

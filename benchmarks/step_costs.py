@@ -16,7 +16,7 @@ from longspec.bench.metrics import measure_bandwidth
 from longspec.cache import StaticCache
 from longspec.models.build import build_transformer
 from longspec.models.config import config_from_hf
-from longspec.models.graphs import StaticSteps
+from longspec.models.graphs import Captures, StaticSteps
 from longspec.tree import DraftTree, TreeTemplate
 
 # the shapes of (c): Hugging Face config fields (default rotary embedding: costs only)
@@ -90,8 +90,8 @@ def random_net(fields: dict, dtype: torch.dtype, device: torch.device):
 def step_ms(net, cache, rows: int, repeats: int, steps: StaticSteps | None
             ) -> tuple[float, float]:
     """Median milliseconds of a forward over a `rows`-node tree and the argmax of its logits
-    (through `steps`, its bucket: captured on CUDA), and the first one's seconds (a capture's
-    cost, with `steps`)."""
+    (through `steps`, its bucket: captured on CUDA first), and the first one's seconds (with
+    `steps`, the capture's)."""
     shape = TreeTemplate(rows, min(rows - 1, TREE_DEPTH), net.device).shape
     tree = DraftTree(shape, torch.randint(0, net.config.vocab_size, (rows,), device=net.device))
     mask = shape.mask(net.dtype) if rows > 1 else None
@@ -100,8 +100,12 @@ def step_ms(net, cache, rows: int, repeats: int, steps: StaticSteps | None
     for _ in range(repeats + 1):
         sync(net.device)
         begin = time.perf_counter()
-        out = net(tree.tokens, positions, cache, mask) if steps is None else steps(tree)
-        out.logits.argmax(-1).tolist()
+        if steps is None:
+            net(tree.tokens, positions, cache, mask).logits.argmax(-1).tolist()
+        elif not times:
+            steps.capture(rows)
+        else:
+            steps(tree, repeats).logits.argmax(-1).tolist()
         times.append(time.perf_counter() - begin)
     return 1e3 * statistics.median(times[1:]), times[0]
 
@@ -126,7 +130,7 @@ def step_costs(report: Recorder, device: torch.device, shapes: dict, contexts: l
             floor = 1e3 * (weights + kv) / bandwidth
             for path in paths:
                 net.attention = path.removesuffix("+graphs")
-                steps = StaticSteps(net, cache) if path.endswith("+graphs") else None
+                steps = StaticSteps(net, cache, Captures()) if path.endswith("+graphs") else None
                 for rows in row_counts:
                     if not report.time_left(f"step costs {name} {context} {path} {rows}"):
                         return

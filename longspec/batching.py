@@ -72,7 +72,8 @@ class Batch:
         # member's tokens
         self.closed = False
         # the members' tree steps at static shapes, captured together (models/graphs.py)
-        self.steps = BatchSteps(model.net) if graphs_wanted(model.net) else None
+        self.steps = (BatchSteps(model.net, model.state.captures) if graphs_wanted(model.net)
+                      else None)
         self._memory: PeakMemory | None = None     # while it has members
 
     def __len__(self) -> int:
@@ -178,7 +179,8 @@ class Batch:
         """The target's one forward over every member's tree: at static shapes where the
         members' steps run so (captured on CUDA), else eagerly."""
         if self.steps is not None and all(e.steps is not None for e in engines):
-            outs = self.steps([e.steps for e in engines], trees)
+            outs = self.steps([e.steps for e in engines], trees,
+                              [e.max_new_tokens - e.stats.new_tokens for e in engines])
             if outs is not None:
                 return outs
         hidden = any(e.drafter.needs_hidden for e in engines)

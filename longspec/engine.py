@@ -84,7 +84,7 @@ class Engine:
         self.cache = StaticCache(self.model.config, self.plan_capacity(len(prompt_ids)),
                                  self.model.dtype, self.device)
         if graphs_wanted(self.net):
-            self.steps = StaticSteps(self.net, self.cache)
+            self.steps = StaticSteps(self.net, self.cache, self.model.state.captures)
         d = self.drafter
         wants_output = d.needs_prefill_logits or d.needs_hidden
         prefill(self.net, prompt_ids[:-1], self.cache, 0, need_logits=d.needs_prefill_logits,
@@ -104,7 +104,7 @@ class Engine:
     def forward(self, tree: DraftTree, hidden: bool = False):
         """The target's forward over the tree (its keys into the slots past the committed)."""
         if self.steps is not None:
-            return self.steps(tree)
+            return self.steps(tree, self.max_new_tokens - self.stats.new_tokens)
         s = self.segment(tree)
         return self.net(s.tokens, s.positions, s.cache, s.mask, return_hidden=hidden)
 
@@ -136,7 +136,7 @@ class Engine:
         shape = TreeTemplate(n, min(n - 1, MEASURE_DEPTH), self.device).shape
         tree = DraftTree(shape, upload(self.tokens[-1:] * n, self.device))
         if self.steps is not None:
-            self.steps.bucket(n)        # a capture is not a step's cost
+            self.steps.capture(n)
         self._sync()
         begin = time.perf_counter()
         out = self.forward(tree)
@@ -163,7 +163,7 @@ class Engine:
             if timing:
                 tree = self.sizer.best(tree, missing.rows)
                 if self.steps is not None:
-                    self.steps.bucket(tree.n)       # a capture is not a step's cost
+                    self.steps.capture(tree.n)
             else:
                 self.sizer.cost.refresh(len(self.tokens), self.measure_step)
                 tree = self.size(tree, draft_seconds)

@@ -13,7 +13,10 @@ lock, so generations on several threads (or interleaved on one) may use it at on
 - hot starts (`checkout`, `publish`): what a method learns over a generation (its
   calibration, Token Recycling's adjacency matrix) as the last generation to end left it. A
   generation starts from a copy and hands its own back when it ends; no generation sees
-  another's change while it runs.
+  another's change while it runs;
+- `captures`: what capturing a static step costs on this model, in eager runs of it
+  (models/graphs.py), so that a generation's buckets are captured when a capture pays from
+  its first steps.
 
 None of it decides a token: the suffix index, the step costs and the hot starts only change
 which drafts are verified.
@@ -32,6 +35,7 @@ from typing import Any
 
 import torch
 
+from .models.graphs import Captures
 from .suffix_index import SuffixIndex, remember_output
 
 # step costs are kept per context bucket: one below BUCKET_BASE tokens, then one for each
@@ -158,6 +162,7 @@ class SharedState:
         self._lock = threading.Lock()
         self.suffix_outputs = SuffixIndex()
         self.step_costs = StepCostTable(self._lock)
+        self.captures = Captures()
         self._hot: dict[tuple, Any] = {}
 
     def checkout(self, key: tuple, make: Callable[[], Any]) -> Any:
@@ -191,7 +196,8 @@ class SharedState:
 
     def forget_text(self) -> None:
         """Forget what generations learned of the text they wrote (the suffix index of earlier
-        outputs, the hot starts), keeping what they measured of the machine (step costs)."""
+        outputs, the hot starts), keeping what they measured of the machine (step costs, what
+        a capture costs)."""
         with self._lock:
             self.suffix_outputs = SuffixIndex()
             self._hot.clear()
@@ -199,4 +205,5 @@ class SharedState:
     def clear(self) -> None:
         """Forget everything (a fresh model's state)."""
         self.step_costs.clear()
+        self.captures = Captures()
         self.forget_text()

@@ -18,7 +18,7 @@ import longspec
 from longspec.cache import StaticCache
 from longspec.cache.base import CHUNK
 from longspec.models.attention import block_layout, block_order, grouped_attention
-from longspec.models.graphs import BATCH_GRAPHS, BatchSteps, StaticSteps
+from longspec.models.graphs import BATCH_GRAPHS, BatchSteps, Captures, EagerRuns, StaticSteps
 from longspec.models.prefill import prefill
 from longspec.models.tree_attention import SPLIT, tree_attention
 from longspec.tree import DraftTree, TreeShape
@@ -120,13 +120,13 @@ def test_a_step_at_static_shapes_gives_the_eager_forwards_rows(triton_model):
     net = triton_model.net
     cache = StaticCache(net.config, 200, net.dtype, net.device)
     prefill(net, torch.arange(3, 43, device=net.device), cache, 0)
-    steps = StaticSteps(net, cache)
+    steps = StaticSteps(net, cache, Captures())
     for parents in (PARENTS, [-1]):
         shape = TreeShape(parents, net.device)
         tokens = torch.arange(5, 5 + shape.n, device=net.device)
         eager = net(tokens, shape.depth + cache.length, cache, shape.mask(net.dtype),
                     return_hidden=True)
-        static = steps(DraftTree(shape, tokens))
+        static = steps(DraftTree(shape, tokens), 10)
         assert torch.equal(static.logits, eager.logits)
         assert torch.equal(static.hidden, eager.hidden)
     assert sorted(steps.buckets) == [1, 16]
@@ -145,9 +145,9 @@ def test_a_batchs_step_at_static_shapes_gives_each_member_its_eager_rows(triton_
         tree = DraftTree(shape, torch.arange(5, 5 + shape.n, device=net.device))
         eager = net(tree.tokens, shape.depth + cache.length, cache, shape.mask(net.dtype),
                     return_hidden=True)
-        members.append((StaticSteps(net, cache), tree, eager))
-    batch = BatchSteps(net)
-    outs = batch([m[0] for m in members], [m[1] for m in members])
+        members.append((StaticSteps(net, cache, Captures()), tree, eager))
+    batch = BatchSteps(net, Captures())
+    outs = batch([m[0] for m in members], [m[1] for m in members], [10, 10])
     for (_, tree, eager), out in zip(members, outs):
         assert torch.equal(out.logits, eager.logits)
         assert torch.equal(out.hidden, eager.hidden)
@@ -156,6 +156,22 @@ def test_a_batchs_step_at_static_shapes_gives_each_member_its_eager_rows(triton_
     batch.forget(members[1][0])         # a member left: its combinations go
     assert not batch.graphs
     assert BATCH_GRAPHS >= 2
+
+
+def test_a_step_is_captured_where_its_recurring_pays_for_the_capture():
+    captures, ran = Captures(), EagerRuns()
+    assert not captures.due(ran, 1000)      # a first run is eager: it may not recur
+    assert ran.timed(lambda: 7) == 7 and ran.runs == 1 and ran.fastest_s < 1
+    assert captures.due(ran, None)          # before any capture is timed, one eager run
+    captures.measured(0.1, EagerRuns(runs=1, fastest_s=0.02))   # five eager runs' seconds
+    # a step that may recur as often as not known: once its eager runs cost a capture
+    assert not captures.due(EagerRuns(runs=4, fastest_s=0.02), None)
+    assert captures.due(EagerRuns(runs=5, fastest_s=0.02), None)
+    # a plain step: at once where its tokens left would pay for it, never where not
+    assert captures.due(EagerRuns(runs=1, fastest_s=0.02), 5)
+    assert not captures.due(EagerRuns(runs=40, fastest_s=0.02), 4)
+    captures.measured(0.3, EagerRuns())     # nothing to weigh a capture against: nothing learned
+    assert captures.runs == pytest.approx(5)
 
 
 @pytest.mark.slow

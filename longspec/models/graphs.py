@@ -15,9 +15,14 @@ CUDA_ROWS-row parts on CUDA, the kernel is row by row).
 
 Several generations stepping together (batching.py) run the same way (BatchSteps): each member's
 tree in its own bucket's buffers, the buckets' rows one after another in one forward over the
-members' caches (Transformer.forward_many with the buckets' plans), captured once per
+members' caches (Transformer.forward_many with the buckets' plans), captured per
 combination of buckets that recurs (a batch's plain steps: every member's bucket of one row).
 Its rows are each member's bucket's rows alone, bit for bit, as forward_many's are.
+
+A bucket, or a batch's combination of buckets, is captured where its recurring pays for the
+capture (Captures), not at its first run: a capture takes the seconds of several eager runs,
+and many never run again (a drafting try's tree, a sure draft among a batch's plain steps, the
+memberships of a batch whose members leave one by one).
 
 Without CUDA (a CPU, under Triton's interpreter, in the tests) the same static forward runs
 eagerly, so the buffers and the bucket rule are checked against `ar` there too.
@@ -27,7 +32,9 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,14 +60,77 @@ def graphs_wanted(net) -> bool:
     return net.attention == "triton" and os.environ.get("LONGSPEC_GRAPHS", "1") != "0"
 
 
+class Captures:
+    """When a static step is captured, as measured on one model (its SharedState holds this).
+
+    Capturing a step costs seconds (two warm-up forwards, the capture, the graph's
+    instantiation) that only its later replays pay back, and many steps never recur: a
+    drafting try's tree, a sure draft among a batch's plain steps, each membership of a batch
+    whose members leave one by one. So a step's first run is eager, and it is captured when its
+    recurring will pay for the capture: a plain step (every tree the root alone) recurs at most
+    as many times as its generations have tokens left (the fewest of them, in a batch), and is
+    captured where that many eager runs would cost more than the capture; any other step is
+    captured once its eager runs have cost what its capture would (the ski-rental rule: never
+    more than twice the seconds of the choice made knowing how often it recurs). A capture's
+    cost is `runs` eager runs of the same step (its seconds over the fastest eager run of what
+    it captured), measured at every capture; before the first, 1. Without CUDA nothing is
+    captured."""
+
+    def __init__(self):
+        self.runs = 1.0
+        self.taken = 0          # captures so far, and their seconds (for benchmarks)
+        self.spent_s = 0.0
+
+    def due(self, ran: EagerRuns, recurs: int | None) -> bool:
+        """Whether to capture a step that has run eagerly as `ran` says and may recur at most
+        `recurs` more times (None: not known)."""
+        if not ran.runs:
+            return False
+        return (ran.runs if recurs is None else recurs) >= self.runs
+
+    def capture(self, net, buckets: list[_Bucket], forward, ran: EagerRuns
+                ) -> tuple[torch.cuda.CUDAGraph, object]:
+        """`_capture(net, buckets, forward)`, its seconds measured against `ran`'s eager run."""
+        torch.cuda.synchronize(net.device)
+        begin = time.perf_counter()
+        captured = _capture(net, buckets, forward)
+        torch.cuda.synchronize(net.device)
+        seconds = time.perf_counter() - begin
+        self.taken += 1
+        self.spent_s += seconds
+        self.measured(seconds, ran)
+        return captured
+
+    def measured(self, seconds: float, ran: EagerRuns) -> None:
+        """A capture took `seconds`; `ran`: the eager runs of what it captured (none: nothing
+        to weigh it against, so nothing learned)."""
+        if ran.runs:
+            self.runs = seconds / ran.fastest_s
+
+
+@dataclass
+class EagerRuns:
+    """A step's eager runs so far, while it is not captured (Captures)."""
+    runs: int = 0
+    fastest_s: float = float("inf")     # the host's seconds of the fastest (launching it)
+
+    def timed(self, forward):
+        """`forward()`, counted and timed."""
+        begin = time.perf_counter()
+        out = forward()
+        self.runs += 1
+        self.fastest_s = min(self.fastest_s, time.perf_counter() - begin)
+        return out
+
+
 class StaticSteps:
     """The tree steps of one generation over its cache: `__call__(tree)` -> ForwardOutput with
     logits [n, vocab] and hidden states [n, hidden]."""
 
-    def __init__(self, net, cache: StaticCache):
+    def __init__(self, net, cache: StaticCache, captures: Captures):
         self.net = net
         self.cache = cache
-        self.capture = net.device.type == "cuda"
+        self.captures = captures if net.device.type == "cuda" else None
         self.buckets: dict[int, _Bucket] = {}
 
     @staticmethod
@@ -68,26 +138,36 @@ class StaticSteps:
         """Cache slots past the committed ones a step may write (its bucket's rows)."""
         return bucket_rows(max_nodes) or max_nodes
 
-    def bucket(self, n: int, capture: bool = True) -> _Bucket | None:
-        """The bucket of a tree of n nodes, made on first use and captured for this
-        generation's steps alone when `capture` (a batch's buckets are captured together:
-        BatchSteps); None past the largest (the eager forward)."""
+    def bucket(self, n: int) -> _Bucket | None:
+        """The bucket of a tree of n nodes, made on first use; None past the largest (the
+        eager forward)."""
         size = bucket_rows(n)
         if size is None:
             return None
         bucket = self.buckets.get(size)
         if bucket is None:
             bucket = self.buckets[size] = _Bucket(self.net, self.cache, size)
-        if capture and self.capture and bucket.graph is None:
-            bucket.graph, bucket.out = _capture(self.net, [bucket], bucket.forward)
         return bucket
 
-    def __call__(self, tree) -> ForwardOutput:
+    def capture(self, n: int) -> None:
+        """Capture the bucket of a tree of n nodes now, where steps are captured (before a
+        step that times a size: a capture is not a step's cost, and the size is timed as it
+        runs once it recurs)."""
+        bucket = self.bucket(n)
+        if bucket is not None and self.captures is not None and bucket.graph is None:
+            bucket.graph, bucket.out = self.captures.capture(self.net, [bucket], bucket.forward,
+                                                             bucket.eager)
+
+    def __call__(self, tree, left: int) -> ForwardOutput:
+        """`left`: the tokens the generation has left to generate."""
         bucket = self.bucket(tree.n)
         if bucket is None:
             shape = tree.shape
             return self.net(tree.tokens, shape.depth + self.cache.length, self.cache,
                             shape.mask(self.net.dtype), return_hidden=True)
+        recurs = left if tree.n == 1 else None
+        if self.captures is not None and self.captures.due(bucket.eager, recurs):
+            self.capture(tree.n)
         return bucket.run(tree)
 
 
@@ -138,6 +218,7 @@ class _Bucket:
         self.plan = AttentionPlan(start, rows, cache.k[0].shape[1], None, layout=(tail, count))
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: ForwardOutput | None = None
+        self.eager = EagerRuns()       # its eager runs for this generation's steps alone
 
     def forward(self) -> ForwardOutput:
         return self.net(self.tokens, self.positions, self.cache, plan=self.plan,
@@ -174,7 +255,7 @@ class _Bucket:
         n = tree.n
         self.load(tree)
         if self.graph is None:
-            out = self.forward()
+            out = self.eager.timed(self.forward)
             return ForwardOutput(out.logits[:n], out.hidden[:n])
         self.graph.replay()
         # copies: the graph's outputs are overwritten by its next replay
@@ -185,28 +266,28 @@ class BatchSteps:
     """The tree steps of a batch's members over their caches at static shapes:
     `__call__(steps, trees)` -> each member's ForwardOutput (logits [n, vocab], hidden
     [n, hidden]), or None where a tree is past the largest bucket (the eager forward_many).
-    A combination of buckets is captured the second time it runs (the first runs eagerly:
-    one that a member's joining or leaving makes may not recur)."""
+    A combination of buckets runs eagerly until Captures says its capture is due."""
 
-    def __init__(self, net):
+    def __init__(self, net, captures: Captures):
         self.net = net
-        self.capture = net.device.type == "cuda"
-        # by the buckets' identities: the buckets (kept alive while their graph is) and,
-        # once the combination recurs, its graph and what the graph returns
-        self.graphs: OrderedDict[tuple[int, ...], tuple[list[_Bucket], tuple | None]] = \
-            OrderedDict()
+        self.captures = captures if net.device.type == "cuda" else None
+        # by the buckets' identities, the least recently run first
+        self.graphs: OrderedDict[tuple[int, ...], _Combination] = OrderedDict()
 
-    def __call__(self, steps: list[StaticSteps], trees: list) -> list[ForwardOutput] | None:
-        buckets = [s.bucket(t.n, capture=False) for s, t in zip(steps, trees)]
+    def __call__(self, steps: list[StaticSteps], trees: list, left: list[int]
+                 ) -> list[ForwardOutput] | None:
+        """`left`: the tokens each member has left to generate."""
+        buckets = [s.bucket(t.n) for s, t in zip(steps, trees)]
         if None in buckets:
             return None
-        captured = self._graph(buckets)
+        plain = all(t.n == 1 for t in trees)
+        combination = self._combination(buckets, min(left) if plain else None)
         for b, tree in zip(buckets, trees):
             b.load(tree)
-        if captured is None:
-            logits, hidden = self._forward(buckets)
+        if combination.graph is None:
+            logits, hidden = combination.eager.timed(lambda: self._forward(buckets))
         else:
-            graph, (logits, hidden) = captured
+            graph, (logits, hidden) = combination.graph
             graph.replay()
             # copies: the graph's outputs are overwritten by its next replay
             logits, hidden = logits.clone(), hidden.clone()
@@ -223,23 +304,34 @@ class BatchSteps:
         for key in [key for key in self.graphs if gone.intersection(key)]:
             del self.graphs[key]
 
-    def _graph(self, buckets: list[_Bucket]) -> tuple | None:
-        """The combination's graph and what it returns, once it recurs on CUDA; else None."""
+    def _combination(self, buckets: list[_Bucket], recurs: int | None) -> _Combination:
+        """The buckets' combination, captured here once its capture is due (`recurs`:
+        Captures.due's)."""
         key = tuple(map(id, buckets))
-        if key not in self.graphs:
-            self.graphs[key] = (buckets, None)
+        combination = self.graphs.get(key)
+        if combination is None:
+            combination = self.graphs[key] = _Combination(buckets)
             while len(self.graphs) > BATCH_GRAPHS:
                 self.graphs.popitem(last=False)
-            return None
-        self.graphs.move_to_end(key)
-        captured = self.graphs[key][1]
-        if captured is None and self.capture:
-            captured = _capture(self.net, buckets, lambda: self._forward(buckets))
-            self.graphs[key] = (buckets, captured)
-        return captured
+        else:
+            self.graphs.move_to_end(key)
+        if (combination.graph is None and self.captures is not None
+                and self.captures.due(combination.eager, recurs)):
+            combination.graph = self.captures.capture(
+                self.net, buckets, lambda: self._forward(buckets), combination.eager)
+        return combination
 
     def _forward(self, buckets: list[_Bucket]) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and hidden states of every bucket's rows, one bucket after another."""
         outs = self.net.forward_many([b.segment() for b in buckets], return_hidden=True,
                                      plans=[b.plan for b in buckets])
         return outs[0].shared_top.logits, torch.cat([o.hidden for o in outs])
+
+
+@dataclass
+class _Combination:
+    """A batch's combination of buckets (kept alive while its graph is), its eager runs, and
+    once captured its graph and what the graph returns."""
+    buckets: list[_Bucket]
+    eager: EagerRuns = field(default_factory=EagerRuns)
+    graph: tuple | None = None
