@@ -25,7 +25,8 @@ from chat_bench import PROMPTS
 
 import longspec
 from longspec import batching
-from longspec.models.graphs import BATCH_GRAPHS, Captures, EagerRuns, bucket_rows
+from longspec.models.captures import Captures, EagerRuns
+from longspec.models.graphs import BATCH_GRAPHS, bucket_rows
 
 
 def record_steps(model, prompts, method: str, max_batch: int, settings: dict) -> list[tuple]:

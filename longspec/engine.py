@@ -81,10 +81,15 @@ class Engine:
     def start(self, prompt_ids: list[int]) -> None:
         """Allocate the cache and put all prompt tokens but the last (the first root) in it."""
         begin = time.perf_counter()
-        self.cache = StaticCache(self.model.config, self.plan_capacity(len(prompt_ids)),
-                                 self.model.dtype, self.device)
-        if graphs_wanted(self.net):
-            self.steps = StaticSteps(self.net, self.cache, self.model.state.captures)
+        capacity = self.plan_capacity(len(prompt_ids))
+        state = self.model.state
+        kept = state.kept_steps.take(capacity) if graphs_wanted(self.net) else None
+        if kept is not None:
+            self.cache, self.steps = kept
+        else:
+            self.cache = StaticCache(self.model.config, capacity, self.model.dtype, self.device)
+            if graphs_wanted(self.net):
+                self.steps = StaticSteps(self.net, self.cache, state.captures)
         d = self.drafter
         wants_output = d.needs_prefill_logits or d.needs_hidden
         prefill(self.net, prompt_ids[:-1], self.cache, 0, need_logits=d.needs_prefill_logits,
@@ -255,11 +260,13 @@ class Engine:
     def finish(self) -> None:
         """The generation ended (or stopped): what its drafters and its sizer learned goes
         to the model's shared state, for the generations after it (the step costs to their
-        file too, for later processes)."""
+        file too, for later processes), and so do its cache and its captured steps."""
         self.drafter.finish(self.tokens)
-        self.model.state.publish(calibration_key(self.method, self.sampler.config),
-                                 self.sizer.calibration)
-        self.model.state.step_costs.save()
+        state = self.model.state
+        state.publish(calibration_key(self.method, self.sampler.config), self.sizer.calibration)
+        state.step_costs.save()
+        if self.steps is not None:
+            state.kept_steps.give(self.cache, self.steps)
 
     def result_stats(self) -> dict:
         return {**self.stats.as_dict(), **self.drafter.stats()}

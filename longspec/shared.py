@@ -1,8 +1,9 @@
 """What the generations on one model share, and nothing else.
 
-A generation owns its KV cache, its drafters' tables and the step costs measured at its own
-context. What it shares with the other generations on its model lives here, typed, behind one
-lock, so generations on several threads (or interleaved on one) may use it at once:
+A generation owns its KV cache (while it runs), its drafters' tables and the step costs
+measured at its own context. What it shares with the other generations on its model lives
+here, typed, behind one lock, so generations on several threads (or interleaved on one) may
+use it at once:
 
 - `suffix_outputs`: the suffix index of earlier outputs (suffix_index.py), which every finished
   generation adds its output to and every generation drafts from;
@@ -14,9 +15,9 @@ lock, so generations on several threads (or interleaved on one) may use it at on
   calibration, Token Recycling's adjacency matrix) as the last generation to end left it. A
   generation starts from a copy and hands its own back when it ends; no generation sees
   another's change while it runs;
-- `captures`: what capturing a static step costs on this model, in eager runs of it
-  (models/graphs.py), so that a generation's buckets are captured when a capture pays from
-  its first steps.
+- `captures`: what capturing a static step costs on this model, in eager runs of it, and
+  `kept_steps`: finished generations' caches with their captured steps, for the generations
+  after them (models/captures.py).
 
 None of it decides a token: the suffix index, the step costs and the hot starts only change
 which drafts are verified.
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .models.graphs import Captures
+from .models.captures import Captures, KeptSteps
 from .suffix_index import SuffixIndex, remember_output
 
 # step costs are kept per context bucket: one below BUCKET_BASE tokens, then one for each
@@ -163,6 +164,7 @@ class SharedState:
         self.suffix_outputs = SuffixIndex()
         self.step_costs = StepCostTable(self._lock)
         self.captures = Captures()
+        self.kept_steps = KeptSteps()
         self._hot: dict[tuple, Any] = {}
 
     def checkout(self, key: tuple, make: Callable[[], Any]) -> Any:
@@ -206,4 +208,5 @@ class SharedState:
         """Forget everything (a fresh model's state)."""
         self.step_costs.clear()
         self.captures = Captures()
+        self.kept_steps = KeptSteps()
         self.forget_text()

@@ -18,7 +18,8 @@ import longspec
 from longspec.cache import StaticCache
 from longspec.cache.base import CHUNK
 from longspec.models.attention import block_layout, block_order, grouped_attention
-from longspec.models.graphs import BATCH_GRAPHS, BatchSteps, Captures, EagerRuns, StaticSteps
+from longspec.models.captures import KEPT, Captures, EagerRuns, KeptSteps
+from longspec.models.graphs import BATCH_GRAPHS, BatchSteps, StaticSteps
 from longspec.models.prefill import prefill
 from longspec.models.tree_attention import SPLIT, tree_attention
 from longspec.tree import DraftTree, TreeShape
@@ -172,6 +173,42 @@ def test_a_step_is_captured_where_its_recurring_pays_for_the_capture():
     assert not captures.due(EagerRuns(runs=40, fastest_s=0.02), 4)
     captures.measured(0.3, EagerRuns())     # nothing to weigh a capture against: nothing learned
     assert captures.runs == pytest.approx(5)
+
+
+class _Cache:
+    def __init__(self, capacity):
+        self.capacity, self.length = capacity, 7
+
+    def rollback(self, length):
+        self.length = length
+
+
+def test_a_kept_cache_goes_to_the_next_generation_it_holds():
+    kept = KeptSteps()
+    small, large = _Cache(100), _Cache(300)
+    kept.give(large, "large's steps")
+    kept.give(small, "small's steps")
+    assert kept.take(90) == (small, "small's steps") and small.length == 0     # the smallest
+    assert kept.take(200) == (large, "large's steps") and len(kept) == 0
+    kept.give(small, "small's steps")
+    assert kept.take(200) is None and len(kept) == 0    # none holds it: all let go
+    for _ in range(KEPT + 2):
+        kept.give(_Cache(100), None)
+    assert len(kept) == KEPT
+
+
+def test_a_generation_on_a_finished_ones_cache_and_steps_writes_what_it_writes_alone(
+        triton_model):
+    prompts = [[5, 9, 14, 5, 9, 22, 31] * 3, [3, 4, 5, 6] * 5]
+    kwargs = {"max_new_tokens": 24, "sampling": SAMPLED, "seed": 3, "ignore_eos": True}
+    triton_model.state.clear()
+    alone = longspec.generate(triton_model, prompts[1], method="ar", **kwargs).token_ids
+    triton_model.state.clear()
+    longspec.generate(triton_model, prompts[0], method="ar", **kwargs)
+    assert len(triton_model.state.kept_steps) == 1
+    after = longspec.generate(triton_model, prompts[1], method="ar", **kwargs)
+    assert after.token_ids == alone
+    assert len(triton_model.state.kept_steps) == 1      # taken, and given back at its end
 
 
 @pytest.mark.slow
