@@ -63,26 +63,37 @@ def main() -> None:
     settings = {"max_new_tokens": args.new_tokens, "ignore_eos": not args.respect_eos,
                 "seed": 0, "sampling": longspec.SamplingConfig(temperature=args.temperature,
                                                                top_p=args.top_p)}
+    rows = compare(model, prompts, settings, args.methods.split(","),
+                   [int(b) for b in args.batches.split(",")], args.repeats, args.warm_costs)
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
+
+
+def compare(model, prompts: list, settings: dict, methods: list[str], batches: list[int],
+            repeats: int, warm_costs: bool) -> list[dict]:
+    """The table's rows (see the module's docstring): every prompt through generate_many with
+    `settings`, for each method at each max_batch, `repeats` times; with `warm_costs`, each
+    row first runs once untimed."""
     longspec.generate(model, prompts[0], max_new_tokens=16)         # warm-up
-    batches = [int(b) for b in args.batches.split(",")]
-    methods = args.methods.split(",")
     # a max_batch's methods back to back, so that a ratio of one repeat's runs is of runs
     # seconds apart (the machine's speed drifts by up to 25% over minutes)
     keys = [(method, b) for b in batches for method in methods]
     runs: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
-    # the CUDA graphs each run captured, and their seconds (models/graphs.py: Captures)
+    # the CUDA graphs each run captured, and their seconds (models/captures.py)
     captured: dict[tuple[str, int], list[tuple[int, float]]] = {key: [] for key in keys}
     ids: dict[tuple[str, int], list[list[int]]] = {}
     same = dict.fromkeys(keys, True)        # every run of the row gave the same tokens
     model.state.clear()
-    if args.warm_costs:
+    if warm_costs:
         for key in keys:
             longspec.generate_many(model, prompts, max_batch=key[1], method=key[0], **settings)
-    for repeat in range(args.repeats):
+    for repeat in range(repeats):
         # a max_batch's methods in turn, their order reversed every other repeat, so that a
         # drift within a repeat favours no method
         for key in (keys if repeat % 2 == 0 else _reversed_within(keys, len(methods))):
-            if args.warm_costs:
+            if warm_costs:
                 model.state.forget_text()
             else:
                 model.state.clear()      # every run starts as cold as the first
@@ -110,9 +121,7 @@ def main() -> None:
                      "runs_captures_and_seconds": captured[key],
                      "answer_end": [answer_end(t, set(model.eos_token_ids)) for t in got],
                      "distinct4": [round(distinct_n(t, 4), 2) for t in got]})
-        print(json.dumps(rows[-1]), flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
+    return rows
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:

@@ -19,7 +19,11 @@ spent (the runs not started are listed as skipped).
       bandwidth). Milliseconds only: random weights give no speedups;
   (d) the tokens/s those step costs give at the longest context with the tokens a step
       measured on a CPU with real weights for trees of each row count (--acceptance), labelled
-      projected.
+      projected;
+  (e) many generations at once: `ar` and `auto` through generate_many at max_batch 1, 4 and 8
+      on chat_bench's 8 prompts (T=0.7, top-p 0.9, end-of-sequence ignored), step costs warm
+      (batch_sizes.py's table): tokens/s, `auto` over `ar`, each run's CUDA graph captures
+      and their seconds, and whether every prompt got its tokens of max_batch 1.
 
 On the card (after gpu_stage.py join), the kernel's tests there first (bitwise rows in
 bfloat16 and float32, the steps captured; a minute), then the check:
@@ -48,6 +52,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from batch_sizes import compare
 from chat_bench import PROMPTS
 from long_bench import SETTINGS as LONG_SETTINGS
 from step_costs import (
@@ -86,7 +91,8 @@ class Report:
         self.path = path
         self.deadline = time.monotonic() + budget_s
         self.data = {"meta": meta, "exactness": [], "speed": [], "step_costs": [],
-                     "projected": [], "skipped": [], "not_run": {}, "errors": []}
+                     "projected": [], "batches": [], "skipped": [], "not_run": {},
+                     "errors": []}
         self.write()
 
     def time_left(self, what: str) -> bool:
@@ -232,12 +238,24 @@ def speed(report: Report, path: str, device: str, chat_tokens: int, long_tokens:
                 "tokens_a_step": stats.get("mean_accepted_length")})
 
 
+def batches(report: Report, path: str, device: str, tokens: int, repeats: int) -> None:
+    if not report.time_left("batches"):
+        return
+    model = longspec.load_model(path, device=device, dtype="bfloat16")
+    prompts = [chat_prompt(model, text) for text in PROMPTS[:8]]
+    settings = {"max_new_tokens": tokens, "ignore_eos": True, "seed": 0,
+                "sampling": longspec.SamplingConfig(temperature=0.7, top_p=0.9)}
+    for row in compare(model, prompts, settings, ["ar", "auto"], [1, 4, 8], repeats,
+                       warm_costs=True):
+        report.add("batches", row)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="the real model of (a) and (b) (smollm2; the dry run's: demo)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budget-s", type=float, default=420, help="start no run after this")
-    p.add_argument("--parts", default="a,b,c,d", help="which parts, in this order")
+    p.add_argument("--parts", default="a,b,c,d,e", help="which parts, in this order")
     p.add_argument("--exact-tokens", type=int, default=256)
     p.add_argument("--draft-model", help="the draft model of (a)'s draft and triforce "
                    "(default: demo-draft for the demo model, else none: those not run)")
@@ -248,6 +266,8 @@ def main() -> None:
                    "a minute or more)")
     p.add_argument("--chat-tokens", type=int, default=1024)
     p.add_argument("--long-tokens", type=int, default=6144)
+    p.add_argument("--batch-tokens", type=int, default=256, help="each answer's tokens in (e)")
+    p.add_argument("--batch-repeats", type=int, default=2, help="timed runs of each of (e)'s rows")
     p.add_argument("--contexts", default="8192,32768,100000")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--acceptance", default=ACCEPTANCE,
@@ -255,8 +275,8 @@ def main() -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="on this machine's CPU at tiny shapes and lengths (the demo model)")
     args = p.parse_args()
-    if not set(args.parts.split(",")) <= set("abcd"):
-        p.error(f"--parts {args.parts}: a comma-separated list of a, b, c and d")
+    if not set(args.parts.split(",")) <= set("abcde"):
+        p.error(f"--parts {args.parts}: a comma-separated list of a, b, c, d and e")
     decoders = args.decoders.split(",")
     if not set(decoders) <= {"ar", "auto", "hf"}:
         p.error(f"--decoders {args.decoders}: a comma-separated list of ar, auto and hf")
@@ -266,6 +286,7 @@ def main() -> None:
     if args.dry_run:
         args.exact_tokens, args.chat_tokens, args.long_tokens = 24, 24, 48
         args.contexts, args.repeats = "300,1100", 1
+        args.batch_tokens, args.batch_repeats = 12, 1
     paths = ["products"]
     if importlib.util.find_spec("triton") is not None:
         paths = ["triton+graphs", "triton", "products"]
@@ -289,7 +310,9 @@ def main() -> None:
                                     [int(x) for x in args.contexts.split(",")],
                                     DRY_ROWS if args.dry_run else ROWS, paths, args.repeats,
                                     costs),
-            "d": lambda: projected(report, costs, acceptance)}
+            "d": lambda: projected(report, costs, acceptance),
+            "e": lambda: batches(report, args.model, device.type, args.batch_tokens,
+                                 args.batch_repeats)}
     for part in args.parts.split(","):
         run = runs[part]
         try:

@@ -82,3 +82,8 @@ def test_the_device_check_dry_run_writes_every_part(tmp_path):
         (a, c, r) for a in paths for c in (300, 1100) for r in (1, 16)}
     assert all(e["ms"] > 0 and e["floor_ms"] > 0 for e in costs)
     assert [(e["attention"], e["rows"]) for e in report["projected"]] == [(a, 16) for a in paths]
+    batches = report["batches"]
+    assert {(e["method"], e["max_batch"]) for e in batches} == {
+        (m, b) for m in ("ar", "auto") for b in (1, 4, 8)}
+    assert all(e["identical_to_one_at_a_time"] for e in batches)
+    assert all(e["runs_captures_and_seconds"] == [[0, 0.0]] for e in batches)   # no CUDA here
