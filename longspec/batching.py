@@ -29,15 +29,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
+import torch
+
 from . import api
 from .api import Chunk, GenerationResult, Stream
 from .drafters.auto import StepRates
 from .engine import Engine
 from .memory import PeakMemory
 from .models.graphs import BatchSteps, graphs_wanted
+from .sampler import choices_together
 from .shared import StepCostTable
 from .sizing import calibration_key
 from .tree import DraftTree
+from .verify import TargetOutput, Verdict, verify_trees
 
 # generations a batch steps at once, unless told: on 2 CPU cores plain decoding gains 1.15x
 # more from 4 to 8 SmolLM2 chat answers and `auto` 1.10x, while each generation's memory is
@@ -48,6 +52,17 @@ DEFAULT_MAX_BATCH = 4
 # decoding with tries every 64 steps, 1.00x with this budget (BENCHMARKS.md, "Many generations
 # at once")
 TRY_BUDGET = 0.01
+
+
+def samples_together(device: torch.device) -> bool:
+    """Whether a batch on `device` chooses its members' tokens in one set of operations over
+    all their rows, with one read-back a step (choices_together, verify_trees), where they
+    share a sampling setting: on CUDA, where each member's own sampling and read-back cost
+    ~1 ms of host time a step (its kernels' launches and its sync: a step of 8 SmolLM2 members
+    took 17.5 ms on an H200, one generation's 3.0; BENCHMARKS.md). Not on a CPU, where one
+    member at a time is faster: process_logits over 8 rows of SmolLM2's vocabulary at T=0.7,
+    top-p 0.9 took 0.22 ms a row together and 0.07 ms a row alone."""
+    return device.type == "cuda"
 
 
 class Batch:
@@ -74,6 +89,7 @@ class Batch:
         # the members' tree steps at static shapes, captured together (models/graphs.py)
         self.steps = (BatchSteps(model.net, model.state.captures) if graphs_wanted(model.net)
                       else None)
+        self.together = samples_together(model.device)
         self._memory: PeakMemory | None = None     # while it has members
 
     def __len__(self) -> int:
@@ -160,8 +176,8 @@ class Batch:
         forward_s = time.perf_counter() - begin
         rows = sum(t.n for t in trees)
         # each member's part of the step: its sizing, its rows' share of the forward
-        verdicts = [e.judge(tree, out, seconds + forward_s * tree.n / rows)
-                    for e, tree, out, seconds in zip(engines, trees, outs, sizing)]
+        verdicts = self._judge(engines, trees, outs, [seconds + forward_s * tree.n / rows
+                                                      for tree, seconds in zip(trees, sizing)])
         cost.observe(rows, time.perf_counter() - begin)
         news = []
         for e, tree, (target, verdict) in zip(engines, trees, verdicts):
@@ -186,6 +202,29 @@ class Batch:
         hidden = any(e.drafter.needs_hidden for e in engines)
         return self.model.net.forward_many([e.segment(t) for e, t in zip(engines, trees)],
                                            return_hidden=hidden)
+
+    def _judge(self, engines: list[Engine], trees: list[DraftTree], outs: list,
+               seconds: list[float]) -> list[tuple[TargetOutput, Verdict]]:
+        """Each member's TargetOutput and verdict, as Engine.judge gives them (`seconds`: each
+        one's part of the step so far): together where the batch samples together
+        (samples_together) and its members share a sampling setting outside rejection mode,
+        else one member at a time."""
+        samplers = [e.sampler for e in engines]
+        config = samplers[0].config
+        if not self.together or any(s.config != config or s.rejection for s in samplers):
+            return [e.judge(tree, out, part)
+                    for e, tree, out, part in zip(engines, trees, outs, seconds)]
+        begin = time.perf_counter()
+        processed, choices = choices_together(samplers, trees,
+                                              torch.cat([out.logits for out in outs]))
+        sizes = [tree.n for tree in trees]
+        targets = [TargetOutput(out, p, c) for out, p, c in
+                   zip(outs, processed.split(sizes), choices.split(sizes))]
+        verdicts = verify_trees(trees, [target.target_tokens for target in targets])
+        judging = (time.perf_counter() - begin) / sum(sizes)     # split by rows
+        for target, part, n in zip(targets, seconds, sizes):
+            target.seconds = part + judging * n
+        return list(zip(targets, verdicts))
 
     def _worth(self, left: list[int], news: list[list[int]]) -> int:
         """A step's worth in new tokens, given what each member had left to generate: all of

@@ -20,6 +20,8 @@ import hashlib
 import numpy as np
 import torch
 
+from .memory import upload
+
 _MASK32 = 0xFFFFFFFF
 _MASK64 = (1 << 64) - 1
 _MULT = 0x045D9F3B          # odd, below 2^31: products of 32-bit values fit in int64
@@ -54,9 +56,10 @@ def noise_key(seed: int, prompt_ids: list[int]) -> int:
     return splitmix64((seed & _MASK64) ^ splitmix64(prompt_hash(prompt_ids)))
 
 
-def _position_hash(key: int, position):
-    """The per-position part of H: (p, q) for a position (a Python int, or an int64 tensor)."""
-    lo, hi = key & _MASK32, key >> 32
+def _position_hash(key, position):
+    """The per-position part of H: (p, q) for a position (a Python int, or an int64 tensor).
+    `key`: the 64-bit key, or its low and high 32 bits as int64 tensors (a key per row)."""
+    lo, hi = key if isinstance(key, tuple) else (key & _MASK32, key >> 32)
     p = _mix32(_mix32((position & _MASK32) ^ lo) ^ hi)
     return p, _mix32(p ^ 0x5BD1E995)
 
@@ -107,6 +110,17 @@ def gumbel_rows(key: int, positions: torch.Tensor, vocab_size: int) -> torch.Ten
     """Gumbel noise [len(positions), vocab] (float32) for absolute `positions`, on their device."""
     v = torch.arange(vocab_size, dtype=torch.int64, device=positions.device)
     return gumbel_at(key, positions[:, None], v)
+
+
+def gumbel_keyed(keys: list[int], positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Gumbel noise [len(keys), vocab] (float32) of several generations at once: row i is
+    gumbel_rows(keys[i], positions[i:i + 1], vocab_size)'s, bit for bit (the same integer
+    arithmetic, each row's key halves as tensors)."""
+    device = positions.device
+    halves = (upload([k & _MASK32 for k in keys], device)[:, None],
+              upload([k >> 32 for k in keys], device)[:, None])
+    p, q = _position_hash(halves, positions.to(torch.int64)[:, None])
+    return _gumbel(p, q, torch.arange(vocab_size, dtype=torch.int64, device=device))
 
 
 # Below this fraction of finite scores, noise is computed for those entries alone: for a nucleus

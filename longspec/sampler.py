@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .memory import upload
-from .noise import PositionNoise
+from .noise import PositionNoise, gumbel_keyed
 from .penalty import PenaltyWindow
 from .sampling import SamplingConfig, process_logits
 from .tree import DraftTree
@@ -103,3 +103,23 @@ class Sampler:
 
     def uniform(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.rng, device=self.device)
+
+
+def choices_together(samplers: list[Sampler], trees: list[DraftTree], logits: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Processed logits [R, vocab] and choices [R] of several generations' trees at once
+    (`logits` [R, vocab]: their rows in order), one set of operations for all: each row bitwise
+    what its own sampler's tree_choices gives, since process_logits works row by row and the
+    noise is keyed by each row's generation (gumbel_keyed). The samplers share one
+    SamplingConfig."""
+    config = samplers[0].config
+    present = None
+    if config.uses_penalty:
+        present = torch.cat([s.penalty.presence(t) for s, t in zip(samplers, trees)])
+    processed = process_logits(logits, config, present)
+    if config.greedy:
+        return processed, processed.argmax(dim=-1)
+    positions = torch.cat([t.shape.depth + s.length for s, t in zip(samplers, trees)])
+    keys = [s.noise.key for s, t in zip(samplers, trees) for _ in range(t.n)]
+    noise = gumbel_keyed(keys, positions, processed.shape[-1])
+    return processed, (processed + noise).argmax(dim=-1)

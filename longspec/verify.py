@@ -65,15 +65,37 @@ def accepted_nodes(tree: DraftTree, target_tokens: torch.Tensor) -> torch.Tensor
 
 def verify_tree(tree: DraftTree, target_tokens: torch.Tensor) -> Verdict:
     """Accepted path and bonus token, with one host transfer."""
+    return verify_trees([tree], [target_tokens])[0]
+
+
+def verify_trees(trees: list[DraftTree], target_tokens: list[torch.Tensor]) -> list[Verdict]:
+    """verify_tree of several trees (a batch's generations'), with one host transfer for all."""
+    packed = [_packed(t, tokens) for t, tokens in zip(trees, target_tokens)]
+    host = torch.cat(packed).tolist()           # the step's one host sync
+    verdicts, at = [], 0
+    for tree, part in zip(trees, packed):
+        verdicts.append(_verdict(tree, host[at:at + len(part)]))
+        at += len(part)
+    return verdicts
+
+
+def _packed(tree: DraftTree, target_tokens: torch.Tensor) -> torch.Tensor:
+    """On the device, what the verdict needs: the bonus token, then (for a tree past its root)
+    the accepted path's nodes and their tokens, padded to the tree's depth + 1."""
     shape = tree.shape
     if shape.n == 1:
-        return Verdict([0], [int(target_tokens[0])])
+        return target_tokens[:1]
     accepted = accepted_nodes(tree, target_tokens)
     best = (accepted * (shape.depth + 1)).argmax()
     path = shape.paths[best]
-    packed = torch.cat([target_tokens[best].view(1), path, tree.tokens[path.clamp(min=0)]])
-    host = packed.tolist()                      # the step's one host sync
-    width = shape.max_depth + 1
+    return torch.cat([target_tokens[best].view(1), path, tree.tokens[path.clamp(min=0)]])
+
+
+def _verdict(tree: DraftTree, host: list[int]) -> Verdict:
+    """The verdict from _packed's values on the host."""
+    if tree.shape.n == 1:
+        return Verdict([0], host)
+    width = tree.shape.max_depth + 1
     bonus, nodes, tokens = host[0], host[1:1 + width], host[1 + width:]
     length = next((d for d, node in enumerate(nodes) if node < 0), width)
     return Verdict(nodes[:length], tokens[1:length] + [bonus])

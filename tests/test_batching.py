@@ -96,6 +96,18 @@ def test_every_method_in_a_batch_writes_what_it_writes_alone(setting, demo_eagle
     check_batched("float32", setting, 48, 5, demo_eagle)
 
 
+def test_a_batch_choosing_its_members_tokens_together_writes_what_each_writes_alone(
+        monkeypatch, demo_eagle):
+    # every member's rows sampled in one set of operations, one read-back a step: CUDA's way
+    together = batching.choices_together
+    calls = []
+    monkeypatch.setattr(batching, "samples_together", lambda device: True)
+    monkeypatch.setattr(batching, "choices_together",
+                        lambda *args: calls.append(len(args[0])) or together(*args))
+    check_batched("float32", "sampling_min_p_penalty", 32, 5, demo_eagle)
+    assert max(calls) == 5
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "int4"])
 @pytest.mark.parametrize("setting", ["greedy", "sampling_top_p"])

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from longspec.noise import PositionNoise, gumbel_at, gumbel_rows, noise_key
+from longspec.sampler import Sampler, choices_together
 from longspec.sampling import NUCLEUS_FLOOR, SamplingConfig, process_logits
+from longspec.tree import DraftTree, TreeShape
 
 pytestmark = pytest.mark.unit
 
@@ -234,3 +236,26 @@ def test_top_p_row_answer_does_not_depend_on_the_batch():
     together = process_logits(rows, cfg)
     alone = torch.cat([process_logits(r[None], cfg) for r in rows])
     assert torch.equal(together, alone)
+
+
+@pytest.mark.parametrize("config", [SamplingConfig(temperature=0, penalty=1.3, penalty_window=8),
+                                    SamplingConfig(temperature=0.7, top_p=0.9),
+                                    SamplingConfig(temperature=1.0, min_p=0.05, penalty=1.2,
+                                                   penalty_window=8)])
+def test_several_generations_choices_together_are_each_ones_alone(config):
+    vocab = 300
+    g = torch.Generator().manual_seed(4)
+    samplers, trees = [], []
+    for k, parents in enumerate(([-1], [-1, 0, 0, 1], [-1, 0, 1])):
+        prompt = [k + 1, 7, 9]
+        sampler = Sampler(config, seed=k, prompt_ids=prompt, vocab_size=vocab,
+                          device=torch.device("cpu"))
+        sampler.commit(prompt + torch.randint(0, vocab, (20 + k,), generator=g).tolist())
+        shape = TreeShape(parents, torch.device("cpu"))
+        samplers.append(sampler)
+        trees.append(DraftTree(shape, torch.randint(0, vocab, (shape.n,), generator=g)))
+    logits = [torch.randn(t.n, vocab, generator=g) * 3 for t in trees]
+    processed, choices = choices_together(samplers, trees, torch.cat(logits))
+    alone = [s.tree_choices(t, x) for s, t, x in zip(samplers, trees, logits)]
+    assert torch.equal(processed, torch.cat([a[0] for a in alone]))
+    assert torch.equal(choices, torch.cat([a[1] for a in alone]))
