@@ -175,25 +175,26 @@ def test_a_step_is_captured_where_its_recurring_pays_for_the_capture():
     assert captures.runs == pytest.approx(5)
 
 
-class _Cache:
-    def __init__(self, capacity):
-        self.capacity, self.length = capacity, 7
+def test_a_kept_cache_goes_to_the_next_generation_it_holds(triton_model):
+    net = triton_model.net
 
-    def rollback(self, length):
-        self.length = length
+    def cache(capacity):
+        made = StaticCache(net.config, capacity, net.dtype, net.device)
+        made.commit(capacity - 3)
+        return made
 
-
-def test_a_kept_cache_goes_to_the_next_generation_it_holds():
     kept = KeptSteps()
-    small, large = _Cache(100), _Cache(300)
+    small, large = cache(CHUNK - 20), cache(2 * CHUNK)
     kept.give(large, "large's steps")
     kept.give(small, "small's steps")
-    assert kept.take(90) == (small, "small's steps") and small.length == 0     # the smallest
-    assert kept.take(200) == (large, "large's steps") and len(kept) == 0
+    # the smallest whose buffers hold it (whole chunks: a few slots past its last capacity)
+    assert kept.take(CHUNK - 5) == (small, "small's steps")
+    assert (small.length, small.capacity) == (0, CHUNK - 5)
+    assert kept.take(CHUNK + 1) == (large, "large's steps") and len(kept) == 0
     kept.give(small, "small's steps")
-    assert kept.take(200) is None and len(kept) == 0    # none holds it: all let go
+    assert kept.take(CHUNK + 1) is None and len(kept) == 0     # none holds it: all let go
     for _ in range(KEPT + 2):
-        kept.give(_Cache(100), None)
+        kept.give(cache(8), None)
     assert len(kept) == KEPT
 
 

@@ -31,6 +31,16 @@ class StaticCache(KVCache):
     def rollback(self, length: int) -> None:
         self.length = length
 
+    @property
+    def slots(self) -> int:
+        """Slots its buffers hold (its capacity rounded up to whole chunks)."""
+        return self.k[0].shape[1]
+
+    def reuse(self, capacity: int) -> None:
+        """Start over, empty, for a generation of `capacity` slots (at most `slots`): every
+        slot a generation reads it writes first."""
+        self.capacity, self.length = capacity, 0
+
     def keep(self, indices: list[int]) -> None:
         """Keep the block slots `indices` (relative to the block, increasing), compacted in order
         into contiguous slots after the committed ones: one gather and copy per layer."""

@@ -116,11 +116,12 @@ def _capture(net, buckets: list, forward) -> tuple[torch.cuda.CUDAGraph, object]
 class KeptSteps:
     """Finished generations' KV caches, each with its static steps (graphs.py: StaticSteps,
     their graphs captured over that cache), kept on one model for the generations after them.
-    A generation takes the smallest kept cache that holds it (its committed length back to 0:
-    every slot it reads is written before), so its steps replay graphs an earlier generation
-    captured; `ar`'s generations one after another capture one graph in all, not one each. At
-    most KEPT are kept; where none holds a new generation, all are let go (their memory to the
-    one allocated instead). Safe to use from several threads."""
+    A generation takes the smallest kept cache whose buffers hold it (StaticCache.reuse: they
+    are allocated in whole chunks of slots, so a prompt a few tokens longer than the last
+    still fits), and its steps replay graphs an earlier generation captured: `ar`'s
+    generations one after another capture one graph in all, not one each. At most KEPT are
+    kept; where none holds a new generation, all are let go (their memory to the one allocated
+    instead). Safe to use from several threads."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -129,13 +130,13 @@ class KeptSteps:
     def take(self, capacity: int):
         """(cache, steps) of a kept cache of at least `capacity` slots, or None."""
         with self._lock:
-            fits = [k for k in self._kept if k[0].capacity >= capacity]
+            fits = [k for k in self._kept if k[0].slots >= capacity]
             if not fits:
                 self._kept.clear()
                 return None
-            kept = min(fits, key=lambda k: k[0].capacity)
+            kept = min(fits, key=lambda k: k[0].slots)
             self._kept.remove(kept)
-        kept[0].rollback(0)
+        kept[0].reuse(capacity)
         return kept
 
     def __len__(self) -> int:
