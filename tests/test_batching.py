@@ -104,7 +104,7 @@ def test_a_batch_choosing_its_members_tokens_together_writes_what_each_writes_al
     monkeypatch.setattr(batching, "samples_together", lambda device: True)
     monkeypatch.setattr(batching, "choices_together",
                         lambda *args: calls.append(len(args[0])) or together(*args))
-    check_batched("float32", "sampling_min_p_penalty", 32, 5, demo_eagle)
+    check_batched("float32", "sampling_min_p_penalty", 16, 5, demo_eagle)
     assert max(calls) == 5
 
 

@@ -201,7 +201,7 @@ def test_a_kept_cache_goes_to_the_next_generation_it_holds(triton_model):
 def test_a_generation_on_a_finished_ones_cache_and_steps_writes_what_it_writes_alone(
         triton_model):
     prompts = [[5, 9, 14, 5, 9, 22, 31] * 3, [3, 4, 5, 6] * 5]
-    kwargs = {"max_new_tokens": 24, "sampling": SAMPLED, "seed": 3, "ignore_eos": True}
+    kwargs = {"max_new_tokens": 12, "sampling": SAMPLED, "seed": 3, "ignore_eos": True}
     triton_model.state.clear()
     alone = longspec.generate(triton_model, prompts[1], method="ar", **kwargs).token_ids
     triton_model.state.clear()
