@@ -11,7 +11,7 @@ import pytest
 from helpers import make_checkpoint
 
 import longspec
-from longspec.batching import BatchCost
+from longspec.batch_cost import BatchCost
 from longspec.models.compiled import extension, int4_mm_built
 from longspec.sizing import StepCost
 

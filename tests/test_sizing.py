@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from longspec.batching import BatchCost
+from longspec.batch_cost import BatchCost
 from longspec.drafters.auto import AutoDrafter, StepRates
 from longspec.drafters.base import Budget
 from longspec.sampler import Sampler
