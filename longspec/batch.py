@@ -179,7 +179,9 @@ def run_batch(model: Model, lines: list[Line], out: str | Path, progress: bool =
 def _report(number: int, total: int, line_id: str, stats: dict) -> None:
     print(f"longspec batch: line {number} of {total} done (id {line_id}): "
           f"{stats['new_tokens']} tokens at {stats['tokens_per_s']:.1f} tokens/s, "
-          f"{stats['mean_accepted_length']:.2f} a step", file=sys.stderr)
+          f"{stats['mean_accepted_length']:.2f} a step, first token at "
+          f"{stats['first_token_s']:.2f} s ({stats['cached_tokens']} prompt tokens cached)",
+          file=sys.stderr)
 
 
 def _open_line(model: Model, line: Line, side: Path, every_s: float

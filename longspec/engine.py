@@ -57,6 +57,7 @@ class Engine:
         self.cache: StaticCache | None = None
         self.steps: StaticSteps | None = None    # tree steps at static shapes (graphs.py)
         self.done = False
+        self.started = 0.0                       # perf_counter() when start() began
         self.method = method
         self.sizer = sizer
 
@@ -92,13 +93,21 @@ class Engine:
                 self.steps = StaticSteps(self.net, self.cache, state.captures)
         d = self.drafter
         wants_output = d.needs_prefill_logits or d.needs_hidden
-        prefill(self.net, prompt_ids[:-1], self.cache, 0, need_logits=d.needs_prefill_logits,
-                return_hidden=d.needs_hidden, on_chunk=d.observe_prefill if wants_output else None)
+        # the longest prefix an earlier sequence on this model shares is copied, not computed
+        # (prompt_cache.py: the same bits); the drafters observe the rest
+        prompt_cache = state.prompt_cache
+        cached = prompt_cache.restore(prompt_ids[:-1], self.cache)
+        prefill(self.net, prompt_ids[cached:-1], self.cache, cached,
+                need_logits=d.needs_prefill_logits, return_hidden=d.needs_hidden,
+                on_chunk=d.observe_prefill if wants_output else None)
+        prompt_cache.store(prompt_ids, self.cache)
         self.tokens = list(prompt_ids)
         self.sampler.commit(prompt_ids)
         d.prefill(list(prompt_ids), self.cache)
         self._sync()
+        self.started = begin
         self.stats.prefill_s = time.perf_counter() - begin
+        self.stats.cached_tokens = cached
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -224,6 +233,8 @@ class Engine:
         self.sampler.commit(new)
         self.drafter.observe(tree, target, verdict)
         s = self.stats
+        if s.new_tokens == 0:
+            s.first_token_s = time.perf_counter() - self.started
         s.steps += 1
         s.verified_nodes += tree.n
         s.drafted_tokens += tree.shape.max_depth
@@ -265,6 +276,7 @@ class Engine:
         state = self.model.state
         state.publish(calibration_key(self.method, self.sampler.config), self.sizer.calibration)
         state.step_costs.save()
+        state.prompt_cache.store(self.tokens, self.cache)
         if self.steps is not None:
             state.kept_steps.give(self.cache, self.steps)
 

@@ -15,13 +15,17 @@ class ProgressBar:
                         disable=not enabled, smoothing=0.1)
 
     def update(self, n: int, stats: Stats) -> None:
-        """Advance by n tokens; show the acceptance rate and mean accepted length so far."""
+        """Advance by n tokens; show the time to the first token (and the prompt tokens the
+        prompt cache held), the acceptance rate and mean accepted length so far."""
         if self.bar.disable:
             return
         self.bar.update(n)
+        shown = [f"first={stats.first_token_s:.2f}s"]
+        if stats.cached_tokens:
+            shown.append(f"cached={stats.cached_tokens}")
         if stats.acceptance_rate is not None:
-            self.bar.set_postfix_str(f"alpha={stats.acceptance_rate:.2f} "
-                                     f"len={stats.mean_accepted_length:.2f}", refresh=False)
+            shown += [f"alpha={stats.acceptance_rate:.2f}", f"len={stats.mean_accepted_length:.2f}"]
+        self.bar.set_postfix_str(" ".join(shown), refresh=False)
 
     def close(self) -> None:
         self.bar.close()

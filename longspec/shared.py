@@ -15,12 +15,14 @@ use it at once:
   calibration, Token Recycling's adjacency matrix) as the last generation to end left it. A
   generation starts from a copy and hands its own back when it ends; no generation sees
   another's change while it runs;
+- `prompt_cache`: the keys and values of earlier sequences by token prefix, which a
+  generation copies instead of computing its prompt's (prompt_cache.py; load_model bounds it);
 - `captures`: what capturing a static step costs on this model, in eager runs of it, and
   `kept_steps`: finished generations' caches with their captured steps, for the generations
   after them (models/captures.py).
 
 None of it decides a token: the suffix index, the step costs and the hot starts only change
-which drafts are verified.
+which drafts are verified, and the prompt cache holds the bits a prefill would write.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 
 from .models.captures import Captures, KeptSteps
+from .prompt_cache import PromptCache
 from .suffix_index import SuffixIndex, remember_output
 
 # step costs are kept per context bucket: one below BUCKET_BASE tokens, then one for each
@@ -165,6 +168,7 @@ class SharedState:
         self.step_costs = StepCostTable(self._lock)
         self.captures = Captures()
         self.kept_steps = KeptSteps()
+        self.prompt_cache = PromptCache()
         self._hot: dict[tuple, Any] = {}
 
     def checkout(self, key: tuple, make: Callable[[], Any]) -> Any:
@@ -198,11 +202,12 @@ class SharedState:
 
     def forget_text(self) -> None:
         """Forget what generations learned of the text they wrote (the suffix index of earlier
-        outputs, the hot starts), keeping what they measured of the machine (step costs, what
-        a capture costs)."""
+        outputs, the hot starts, the prompt cache), keeping what they measured of the machine
+        (step costs, what a capture costs)."""
         with self._lock:
             self.suffix_outputs = SuffixIndex()
             self._hot.clear()
+        self.prompt_cache.clear()
 
     def clear(self) -> None:
         """Forget everything (a fresh model's state)."""

@@ -25,6 +25,8 @@ class Stats:
     accepted_draft_tokens: int = 0   # accepted draft tokens that were committed
     new_tokens: int = 0
     prefill_s: float = 0.0
+    cached_tokens: int = 0           # prompt tokens whose keys and values the prompt cache held
+    first_token_s: float = 0.0       # from the start of the prefill to the first new token
     decode_s: float = 0.0            # the decoding loop's seconds, less the caller's with chunks
     verify_forward_s: float = 0.0    # time in the verify forwards (CPU only: CUDA is asynchronous)
     sizing_s: float = 0.0            # time timing throwaway steps for adaptive sizing (in decode_s)
@@ -55,6 +57,8 @@ class Stats:
             "mean_accepted_length": self.mean_accepted_length,
             "mean_tree_nodes": self.verified_nodes / self.steps if self.steps else 0.0,
             "prefill_s": self.prefill_s,
+            "cached_tokens": self.cached_tokens,
+            "first_token_s": self.first_token_s,
             "decode_s": self.decode_s,
             "tokens_per_s": self.tokens_per_s,
             "verify_forward_s": self.verify_forward_s if self.device == "cpu" else None,

@@ -291,6 +291,31 @@ def test_metrics_count_requests_tokens_and_drafts(server, client):
     assert server.metric("longspec_queue_length") == 0
 
 
+def test_a_request_starting_as_an_earlier_one_reuses_its_prompt_and_says_so(server, client,
+                                                                          model):
+    """The prompt cache behind the server: a second request whose prompt starts with the first
+    one's prompt and answer reports those tokens as OpenAI does (usage.prompt_tokens_details.
+    cached_tokens) and in /metrics, and writes what it writes with nothing cached."""
+    prompt = "import os\nimport sys\n" * 6
+    first = client.completions.create(model="demo-chat", prompt=prompt, max_tokens=12,
+                                      temperature=0, extra_body={"ignore_eos": True})
+    follow = prompt + first.choices[0].text + "\ndef main():\n"
+    hits = server.metric("longspec_prefix_cache_hits_total")
+    second = client.completions.create(model="demo-chat", prompt=follow, max_tokens=12,
+                                       temperature=0, extra_body={"return_token_ids": True})
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # the prompt and the answer's tokens as far as the text, tokenized again, gives them back
+    assert first.usage.prompt_tokens < cached < second.usage.prompt_tokens
+    assert server.metric("longspec_prefix_cache_hits_total") - hits == cached
+    assert 0 < server.metric("longspec_prefix_cache_bytes") <= server.metric(
+        "longspec_prefix_cache_limit_bytes")
+    model.state.prompt_cache.clear()
+    fresh = longspec.generate(model, follow, max_new_tokens=12,
+                              sampling=longspec.SamplingConfig(temperature=0))
+    assert fresh.stats["cached_tokens"] == 0
+    assert second.choices[0].model_extra["token_ids"] == fresh.token_ids
+
+
 def test_load_test_script_checks_responses(server, monkeypatch, capsys):
     """benchmarks/load_test.py, run for a moment with one client (a smoke test of the script,
     not a load test)."""

@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
     g.add_argument("--max-new-tokens", type=int, default=256)
     method_flags(g)
     sampling_flags(g)
-    model_flags(g)
+    model_flags(g, prompt_cache=True)
     g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
     g.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="N",
                    help="lines generated together, their drafts verified in one forward "

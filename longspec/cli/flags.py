@@ -41,7 +41,16 @@ def sampling_from_args(args) -> SamplingConfig:
                           penalty_window=args.penalty_window).validate()
 
 
-def model_flags(p: argparse.ArgumentParser) -> None:
+def model_flags(p: argparse.ArgumentParser, prompt_cache: bool = False) -> None:
+    """The flags that load a model; `prompt_cache`: the command serves many requests on it,
+    and --prompt-cache-mb bounds what it keeps of them (else it keeps none)."""
+    if prompt_cache:
+        p.add_argument("--prompt-cache-mb", type=float, metavar="MIB",
+                       help="bound of the prompt cache, the keys and values of earlier "
+                       "requests that later ones starting alike reuse (default: an eighth of "
+                       "the memory free after loading, at most 4096; 0: none)")
+    else:
+        p.set_defaults(prompt_cache_mb=0)
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (the "
                    "activations' dtype for quantized weights)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -56,7 +65,8 @@ def model_args(path: str, args) -> dict:
     """load_model's arguments as the model flags say (also for a Ray actor or replica to load
     it there)."""
     return {"path": path, "dtype": args.dtype, "device": args.device,
-            "dequantize": args.dequantize, "quantize": args.quantize}
+            "dequantize": args.dequantize, "quantize": args.quantize,
+            "prompt_cache_mb": args.prompt_cache_mb}
 
 
 def load_from_args(path: str, args):

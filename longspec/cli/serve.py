@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
                    "Ray cluster's address (`auto`: the one this machine is part of), or `local` "
                    "to start one here (default)")
     s.add_argument("--log-level", default="info")
-    model_flags(s)
+    model_flags(s, prompt_cache=True)
     s.set_defaults(run=run)
 
 

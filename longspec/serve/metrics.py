@@ -22,7 +22,8 @@ from prometheus_client import (
 from starlette.responses import JSONResponse
 
 from ..api import GenerationResult
-from .responses import error_body
+from ..prompt_cache import PromptCache
+from .responses import cached_tokens, error_body
 
 ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics", "/health")
 # a long generation takes minutes: buckets up to the default request timeout
@@ -48,10 +49,26 @@ class Metrics:
                                 "draft tokens accepted and committed", registry=r)
         self.queue = Gauge("longspec_queue_length", "requests waiting for the worker",
                            registry=r)
+        self.prompt_tokens = Counter("longspec_prefix_cache_queries",
+                                     "prompt tokens looked up in the prompt cache", registry=r)
+        self.cached_tokens = Counter("longspec_prefix_cache_hits",
+                                     "prompt tokens whose keys and values the prompt cache "
+                                     "held (not computed)", registry=r)
+        self.cache_bytes = Gauge("longspec_prefix_cache_bytes",
+                                 "bytes the prompt cache holds", registry=r)
+        self.cache_limit = Gauge("longspec_prefix_cache_limit_bytes",
+                                 "the prompt cache's bound (--prompt-cache-mb)", registry=r)
         ProcessCollector(registry=r)     # process_resident_memory_bytes, CPU seconds (Linux)
+
+    def watch_prompt_cache(self, cache: PromptCache) -> None:
+        """Read the prompt cache's size at every scrape."""
+        self.cache_bytes.set_function(lambda: cache.bytes)
+        self.cache_limit.set_function(lambda: cache.limit_bytes)
 
     def observe_generation(self, result: GenerationResult) -> None:
         s = result.stats
+        self.prompt_tokens.inc(result.prompt_tokens)
+        self.cached_tokens.inc(cached_tokens(result))
         self.generated.inc(s["new_tokens"])
         self.steps.inc(s["steps"])
         self.drafted.inc(s["drafted_tokens"])

@@ -56,13 +56,19 @@ def speculative(stats: dict) -> dict:
             "mean_acceptance_length": stats["mean_accepted_length"]}
 
 
+def cached_tokens(result: GenerationResult) -> int:
+    """The prompt's tokens whose keys and values came from the prompt cache."""
+    return min(result.stats["cached_tokens"], result.prompt_tokens)
+
+
 def usage(result: GenerationResult) -> dict:
-    """OpenAI's usage, with the tokens of a prediction accepted and rejected (predicted
-    outputs; 0 without one)."""
+    """OpenAI's usage: the prompt's tokens the prompt cache held, and the tokens of a
+    prediction accepted and rejected (predicted outputs; 0 without one)."""
     n = len(result.token_ids)
     prediction = result.stats.get("prediction", {})
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n,
             "total_tokens": result.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens(result)},
             "completion_tokens_details": {
                 "reasoning_tokens": 0,
                 "accepted_prediction_tokens": prediction.get("accepted_tokens", 0),

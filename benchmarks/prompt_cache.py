@@ -1,0 +1,232 @@
+"""Prompts computed once: the time to the first new token of a request whose first `--prefix`
+tokens an earlier request sent, against the same request with the prompt cache cleared (cold),
+in Python and through the server (streamed, timed by the client from the request to the first
+text), and a chat's second turn against the same turn cold; the tokens of each pair compared.
+One process, the runs of each pair side by side, medians of `--repeats`.
+
+`--edit MODULE`: a standard-library module edited through the server in a chat of two turns
+(the first turn asks for predicted_outputs.py's rename, the second for another function
+renamed in the answer), each request with the file it edits as its prediction, timed
+end to end by the client, prefill included: `ar` then `auto`, each from a cleared model state,
+its second turn reusing its first turn's prompt and answer from the prompt cache.
+
+    python benchmarks/prompt_cache.py --model smollm2 --prefix 2048 --out result.json
+    python benchmarks/prompt_cache.py --model qwen-coder-1.5b --edit colorsys --out edit.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import importlib
+import inspect
+import json
+import socket
+import statistics
+import threading
+import time
+
+import uvicorn
+from predicted_outputs import RENAMES, edit_prompt
+
+import longspec
+from longspec.bench.metrics import answer_end, distinct_n
+from longspec.bench.prompts import default_prompt_text
+from longspec.request import encode_prompt
+from longspec.serve import ServeConfig, create_app
+
+GREEDY = longspec.SamplingConfig(temperature=0)
+NEW_TOKENS = 16
+# module -> the function its second turn renames, and its new name
+SECOND_RENAMES = {"colorsys": ("hls_to_rgb", "hue_lightness_saturation_to_rgb"),
+                  "fnmatch": ("fnmatchcase", "match_case_sensitively"),
+                  "textwrap": ("indent", "prefix_lines")}
+TAILS = ("\n\n# What the code above does, in one paragraph:\n#",
+         "\n\n# The three most important functions above, and why:\n#")
+
+
+def python_pair(model, prefix: list[int]) -> dict:
+    """First-token seconds of the second tail's request: cold, then after the first's."""
+    first, second = (prefix + encode_prompt(model, tail) for tail in TAILS)
+    cache = model.state.prompt_cache
+    cache.clear()
+    cold = longspec.generate(model, second, max_new_tokens=NEW_TOKENS, sampling=GREEDY)
+    cache.clear()
+    longspec.generate(model, first, max_new_tokens=NEW_TOKENS, sampling=GREEDY)
+    hit = longspec.generate(model, second, max_new_tokens=NEW_TOKENS, sampling=GREEDY)
+    return pair(cold, hit)
+
+
+def chat_pair(model, document: str) -> dict:
+    """A chat's second turn (the first turn's prompt and answer before it), cold and after
+    the first turn."""
+    turn = [{"role": "user", "content": f"```python\n{document}\n```\nWhat does this do?"}]
+    cache = model.state.prompt_cache
+    cache.clear()
+    answer = longspec.generate(model, turn, max_new_tokens=64, sampling=GREEDY)
+    second = turn + [{"role": "assistant", "content": answer.text},
+                     {"role": "user", "content": "Which function is the most important?"}]
+    hit = longspec.generate(model, second, max_new_tokens=NEW_TOKENS, sampling=GREEDY)
+    cache.clear()
+    cold = longspec.generate(model, second, max_new_tokens=NEW_TOKENS, sampling=GREEDY)
+    return pair(cold, hit)
+
+
+def pair(cold, hit) -> dict:
+    return {"cold_s": cold.stats["first_token_s"], "hit_s": hit.stats["first_token_s"],
+            "prompt_tokens": hit.prompt_tokens, "cached_tokens": hit.stats["cached_tokens"],
+            "identical": cold.token_ids == hit.token_ids}
+
+
+class Server:
+    """The model behind `longspec serve`'s app on a free loopback port, in a thread."""
+
+    def __init__(self, model):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.sock, self.port = sock, sock.getsockname()[1]
+        app = create_app(model, ServeConfig("m", method="auto"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                         daemon=True).start()
+        while not self.server.started:
+            time.sleep(0.02)
+
+    def first_token(self, prompt: list[int]) -> tuple[float, list[int], int]:
+        """Seconds from the request to the first streamed text, the tokens, and the usage's
+        cached_tokens."""
+        body = {"model": "m", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True},
+                "return_token_ids": True}
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        begin = time.perf_counter()
+        conn.request("POST", "/v1/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        first, tokens, cached = None, [], 0
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                cached = event["usage"]["prompt_tokens_details"]["cached_tokens"]
+            for choice in event["choices"]:
+                if first is None and choice["text"]:
+                    first = time.perf_counter() - begin
+                tokens += choice.get("token_ids") or []
+        conn.close()
+        return first, tokens, cached
+
+    def chat(self, messages: list[dict], prediction: str, method: str, max_tokens: int
+             ) -> tuple[float, dict]:
+        """Seconds from the request to the whole response, and the response."""
+        body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                "prediction": {"type": "content", "content": prediction}, "method": method,
+                "return_token_ids": True}
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
+        begin = time.perf_counter()
+        conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})
+        answer = json.loads(conn.getresponse().read())
+        seconds = time.perf_counter() - begin
+        conn.close()
+        return seconds, answer
+
+    def close(self) -> None:
+        self.server.should_exit = True
+
+
+def server_pair(model, server: Server, prefix: list[int]) -> dict:
+    first, second = (prefix + encode_prompt(model, tail) for tail in TAILS)
+    cache = model.state.prompt_cache
+    cache.clear()
+    cold_s, cold_tokens, _ = server.first_token(second)
+    cache.clear()
+    server.first_token(first)
+    hit_s, hit_tokens, cached = server.first_token(second)
+    return {"cold_s": cold_s, "hit_s": hit_s, "prompt_tokens": len(second),
+            "cached_tokens": cached, "identical": cold_tokens == hit_tokens}
+
+
+def edit_turns(model, server: Server, module: str, max_tokens: int) -> list[dict]:
+    """Both turns of the module's edit, `ar` then `auto` (rows: seconds end to end, tokens,
+    cached tokens, where the answer ended, its distinct-4, identical to `ar`'s)."""
+    source = inspect.getsource(importlib.import_module(module))
+    second_old, second_new = SECOND_RENAMES[module]
+    rows, reference = [], {}
+    for method in ("ar", "auto"):
+        model.state.clear()
+        messages = [{"role": "user", "content": edit_prompt(module, source)}]
+        prediction = source
+        for turn in (1, 2):
+            seconds, answer = server.chat(messages, prediction, method, max_tokens)
+            tokens = answer["choices"][0]["token_ids"]
+            text = answer["choices"][0]["message"]["content"]
+            rows.append({"module": module, "method": method, "turn": turn,
+                         "seconds": round(seconds, 2), "tokens": len(tokens),
+                         "prompt_tokens": answer["usage"]["prompt_tokens"],
+                         "cached_tokens": answer["usage"]["prompt_tokens_details"][
+                             "cached_tokens"],
+                         "answer_end": answer_end(tokens, model.eos_token_ids),
+                         "distinct_4": round(distinct_n(tokens, 4), 2),
+                         "identical": reference.setdefault(turn, tokens) == tokens})
+            print(json.dumps(rows[-1]), flush=True)
+            messages = messages + [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": f"Now also rename `{second_old}` to `{second_new}` "
+                 "wherever it appears. Return the whole module again, nothing else."}]
+            prediction = text
+    return rows
+
+
+def summary(runs: list[dict]) -> dict:
+    cold = statistics.median(r["cold_s"] for r in runs)
+    hit = statistics.median(r["hit_s"] for r in runs)
+    return {"cold_s": round(cold, 3), "hit_s": round(hit, 3),
+            "hit_share": round(hit / cold, 4), "prompt_tokens": runs[0]["prompt_tokens"],
+            "cached_tokens": runs[0]["cached_tokens"],
+            "identical": all(r["identical"] for r in runs), "runs": runs}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--prefix", type=int, default=2048, help="tokens the requests share")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--edit", metavar="MODULE", help=f"instead: the edit in two turns of one "
+                   f"of {', '.join(RENAMES)}")
+    p.add_argument("--max-tokens", type=int, default=3000, help="of an edit's answer")
+    p.add_argument("--out", help="write the results as JSON here too")
+    args = p.parse_args()
+    model = longspec.load_model(args.model)
+    print(f"kernel profile: {model.profile.describe()}", flush=True)
+    if args.edit:
+        server = Server(model)
+        rows = edit_turns(model, server, args.edit, args.max_tokens)
+        server.close()
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"model": args.model, "profile": model.profile.describe(),
+                           "rows": rows}, f, indent=1)
+        return
+    text = default_prompt_text()
+    prefix = encode_prompt(model, text)[:args.prefix]
+    longspec.generate(model, prefix[:64], max_new_tokens=4)     # warm-up
+    document = model.tokenizer.decode(prefix[:args.prefix - 80])
+    server = Server(model)
+    results = {"model": args.model, "profile": model.profile.describe(), "prefix": args.prefix}
+    for name, one in (("python", lambda: python_pair(model, prefix)),
+                      ("server", lambda: server_pair(model, server, prefix)),
+                      ("chat", lambda: chat_pair(model, document))):
+        results[name] = summary([one() for _ in range(args.repeats)])
+        row = {k: v for k, v in results[name].items() if k != "runs"}
+        print(f"{name}: {json.dumps(row)}", flush=True)
+    server.close()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
