@@ -66,6 +66,23 @@ def test_a_cache_hit_writes_what_a_fresh_run_writes_in_bfloat16(method, dtype, d
     check_next_turn_matches_a_fresh_run(dtype, method, "sampling_min_p_penalty", drafter)
 
 
+def test_a_draft_models_keys_serve_it_as_a_target_too():
+    """A draft model keeps the keys and values of the committed tokens it drafted over in its
+    own prompt cache: used as a target later, it writes what it writes with nothing cached."""
+    target, draft = models("float32")
+    draft.state.prompt_cache.clear()
+    prompt = encode_prompt(target, prompts()["tqdm"][:400])
+    first = run("float32", prompt, "draft", "sampling_min_p_penalty")
+    follow = prompt + first.token_ids + prompt[:9]
+    settings = {"max_new_tokens": 24, "method": "ar", "seed": 4, "ignore_eos": True,
+                "sampling": SETTINGS["sampling_min_p_penalty"]}
+    hit = longspec.generate(draft, follow, **settings)
+    assert hit.stats["cached_tokens"] > len(prompt)
+    draft.state.prompt_cache.clear()
+    fresh = longspec.generate(draft, follow, **settings)
+    assert fresh.stats["cached_tokens"] == 0 and hit.token_ids == fresh.token_ids
+
+
 @pytest.mark.parametrize("dtype", ["float32", "int4"])
 def test_a_batch_sharing_a_prefix_writes_what_each_writes_alone(dtype):
     """Lines sharing a long first part (a system prompt, a document) in one batch: the later

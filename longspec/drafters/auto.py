@@ -249,6 +249,8 @@ class AutoDrafter(Drafter):
     def finish(self, tokens: list[int]) -> None:
         self.suffix.finish(tokens)
         self.recycling.finish(tokens)
+        if self.draft_model is not None:
+            self.draft_model.finish(tokens)
 
     def stats(self) -> dict:
         return {"sources": {name: {"verified": self.verified[i], "accepted": self.accepted[i]}

@@ -22,6 +22,7 @@ from ..cache import StaticCache
 from ..models.linear import HeadPart
 from ..models.prefill import prefill
 from ..models.transformer import Transformer
+from ..prompt_cache import PromptCache
 
 
 class ChainModel:
@@ -48,6 +49,13 @@ class ChainModel:
                          head=self.head)
         self.fed += len(tokens)
         return logits
+
+    def restore(self, sequence: list[int], prompt_cache: PromptCache) -> None:
+        """Before anything is fed: take the longest prefix of `sequence` the model's prompt
+        cache holds (prompt_cache.py), as feeding it would."""
+        self.fed = prompt_cache.restore(sequence, self.cache)
+        if self.head is not None:
+            self.head.add(sequence[:self.fed])
 
     def catch_up(self, sequence: list[int], last_logits: int = 1) -> torch.Tensor | None:
         """Feed the tokens of `sequence` the cache has not seen (at least the last one when

@@ -79,6 +79,7 @@ class DraftModelDrafter(TrieDrafter):
                     "the draft model's KV cache", "lower max_new_tokens")
         cache = StaticCache(draft.config, capacity, draft.dtype, draft.device)
         self.chain = ChainModel(draft.net, cache, vocab=vocab)
+        self.prompt_cache = draft.state.prompt_cache
         # what the draft's chances are worth, as the engine calibrates them, and the target's
         # step costs: the generation's own
         self.trust: Calibration = sizer.calibration
@@ -88,7 +89,15 @@ class DraftModelDrafter(TrieDrafter):
         self._drafts: list[int] = []
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
-        self.chain.catch_up(prompt_ids[:-1], last_logits=0)
+        # the draft model's keys and values of what it saw before, from its own prompt cache
+        known = prompt_ids[:-1]
+        self.chain.restore(known, self.prompt_cache)
+        self.chain.catch_up(known, last_logits=0)
+        self.prompt_cache.store(known, self.chain.cache)
+
+    def finish(self, tokens: list[int]) -> None:
+        # after `observe`, the cache's slots hold the committed tokens' keys and values only
+        self.prompt_cache.store(tokens[:self.chain.fed], self.chain.cache)
 
     def _pays(self, cost: StepCost, drafted: int, worth: float) -> bool:
         """Whether a draft more (drafted + 1 of them, a target step over drafted + 2 nodes),
