@@ -6,7 +6,7 @@ One process, the runs of each pair side by side, medians of `--repeats`.
 
 `--edit MODULE`: a standard-library module edited through the server in a chat of two turns
 (the first turn asks for predicted_outputs.py's rename, the second for another function
-renamed in the answer), each request with the file it edits as its prediction, timed
+renamed in the answer), each `auto` request with the file it edits as its prediction, timed
 end to end by the client, prefill included: `ar` then `auto`, each from a cleared model state,
 its second turn reusing its first turn's prompt and answer from the prompt cache.
 
@@ -122,8 +122,9 @@ class Server:
              ) -> tuple[float, dict]:
         """Seconds from the request to the whole response, and the response."""
         body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                "prediction": {"type": "content", "content": prediction}, "method": method,
-                "return_token_ids": True}
+                "method": method, "return_token_ids": True}
+        if method != "ar":         # plain decoding takes no prediction
+            body["prediction"] = {"type": "content", "content": prediction}
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
         begin = time.perf_counter()
         conn.request("POST", "/v1/chat/completions", json.dumps(body),
@@ -131,6 +132,8 @@ class Server:
         answer = json.loads(conn.getresponse().read())
         seconds = time.perf_counter() - begin
         conn.close()
+        if "error" in answer:
+            raise RuntimeError(f"the server refused the edit: {answer['error']['message']}")
         return seconds, answer
 
     def close(self) -> None:

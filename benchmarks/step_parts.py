@@ -1,0 +1,76 @@
+"""Where a forward of q rows goes: the whole forward against its parts timed alone on the same
+shapes (every layer's four products, every layer's attention over the cache, the LM head over
+every row), the rest by difference; it decides which part a step of n rows or a prefill chunk
+should have made faster. Medians; a random cache of `context` positions.
+
+    python benchmarks/step_parts.py --model qwen-coder-1.5b --at 2048:1,2048:8,8192:8,1536:512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from ar_latency import random_cache
+
+import longspec
+from longspec.cache import causal_mask
+
+
+def median_ms(run, repeats: int) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - begin)
+    return 1e3 * statistics.median(times)
+
+
+def parts(model, context: int, q: int, repeats: int) -> dict:
+    net, c = model.net, model.config
+    cache = random_cache(model, context, q + 8)
+    tokens = torch.randint(0, c.vocab_size, (q,))
+    positions = torch.arange(context, context + q)
+    mask = causal_mask(q, model.dtype, model.device) if q > 1 else None
+    hidden = torch.randn(q, c.hidden_size, dtype=model.dtype)
+    inner = torch.randn(q, c.intermediate_size, dtype=model.dtype)
+    queries = torch.randn(q, c.num_heads, c.head_dim, dtype=model.dtype)
+    keys, values = cache.k[0][:, :context + q], cache.v[0][:, :context + q]
+    if net.attention != "loops":
+        raise ValueError(f"attention runs as {net.attention}: this script times the loops")
+    attention = torch.ops.longspec.attention
+    row = {
+        "context": context, "rows": q,
+        "whole_ms": median_ms(lambda: net(tokens, positions, cache, mask).logits.argmax(-1)
+                              .tolist(), repeats),
+        "products_ms": median_ms(lambda: [(b.wqkv(hidden), b.wo(hidden), b.w_gate_up(hidden),
+                                           b.w_down(inner)) for b in net.layers], repeats),
+        "attention_ms": median_ms(lambda: [attention(queries, keys, values, context, mask, None,
+                                                     c.head_dim ** -0.5)
+                                           for _ in range(c.num_layers)], repeats),
+        "lm_head_ms": median_ms(lambda: net.lm_head(hidden), repeats)}
+    row["rest_ms"] = row["whole_ms"] - row["products_ms"] - row["attention_ms"] - row[
+        "lm_head_ms"]
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="qwen-coder-1.5b")
+    p.add_argument("--at", default="2048:1,2048:8,2048:16,8192:1,8192:8,8192:16,1536:512",
+                   help="comma-separated context:rows")
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    model = longspec.load_model(args.model)
+    print(f"kernel profile: {model.profile.describe()}", flush=True)
+    for spec in args.at.split(","):
+        context, q = (int(x) for x in spec.split(":"))
+        print(json.dumps(parts(model, context, q, args.repeats if q < 100 else 1)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
