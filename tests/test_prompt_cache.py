@@ -61,7 +61,7 @@ def test_a_cache_hit_writes_what_a_fresh_run_writes(method, setting, drafter):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int4"])
-@pytest.mark.parametrize("method", ["ar", "auto", "recycling", "tokenswift"])
+@pytest.mark.parametrize("method", ["ar", "auto", "tokenswift"])
 def test_a_cache_hit_writes_what_a_fresh_run_writes_in_bfloat16(method, dtype, drafter):
     check_next_turn_matches_a_fresh_run(dtype, method, "sampling_min_p_penalty", drafter)
 
