@@ -10,7 +10,12 @@ renamed in the answer), each `auto` request with the file it edits as its predic
 end to end by the client, prefill included: `ar` then `auto`, each from a cleared model state,
 its second turn reusing its first turn's prompt and answer from the prompt cache.
 
+`--llama-cpp`: the Python pair with llama.cpp (llama-cpp-python) on the same GGUF file and
+token ids instead, in a process of its own: its `generate` keeps the last sequence's keys and
+values and evaluates only what follows their common prefix (cold: after `reset()`).
+
     python benchmarks/prompt_cache.py --model smollm2 --prefix 2048 --out result.json
+    python benchmarks/prompt_cache.py --model smollm2 --prefix 2048 --llama-cpp
     python benchmarks/prompt_cache.py --model qwen-coder-1.5b --edit colorsys --out edit.json
 """
 
@@ -26,6 +31,7 @@ import statistics
 import threading
 import time
 
+import torch
 import uvicorn
 from predicted_outputs import RENAMES, edit_prompt
 
@@ -55,6 +61,28 @@ def python_pair(model, prefix: list[int]) -> dict:
     longspec.generate(model, first, max_new_tokens=NEW_TOKENS, sampling=GREEDY)
     hit = longspec.generate(model, second, max_new_tokens=NEW_TOKENS, sampling=GREEDY)
     return pair(cold, hit)
+
+
+def llama_pair(llm, model, prefix: list[int]) -> dict:
+    """python_pair's requests on llama.cpp: seconds to the first token of the second, cold
+    and after the first."""
+    first, second = (prefix + encode_prompt(model, tail) for tail in TAILS)
+
+    def first_token(tokens: list[int]) -> tuple[float, int]:
+        begin = time.perf_counter()
+        stream = llm.generate(tokens, temp=0.0, reset=True)
+        token = next(stream)
+        seconds = time.perf_counter() - begin
+        stream.close()
+        return seconds, token
+
+    llm.reset()
+    cold_s, cold = first_token(second)
+    llm.reset()
+    first_token(first)
+    hit_s, hit = first_token(second)
+    return {"cold_s": cold_s, "hit_s": hit_s, "prompt_tokens": len(second),
+            "cached_tokens": None, "identical": cold == hit}
 
 
 def chat_pair(model, document: str) -> dict:
@@ -200,6 +228,7 @@ def main() -> None:
     p.add_argument("--edit", metavar="MODULE", help=f"instead: the edit in two turns of one "
                    f"of {', '.join(RENAMES)}")
     p.add_argument("--max-tokens", type=int, default=3000, help="of an edit's answer")
+    p.add_argument("--llama-cpp", action="store_true", help="instead: llama.cpp's side")
     p.add_argument("--out", help="write the results as JSON here too")
     args = p.parse_args()
     model = longspec.load_model(args.model)
@@ -215,6 +244,14 @@ def main() -> None:
         return
     text = default_prompt_text()
     prefix = encode_prompt(model, text)[:args.prefix]
+    if args.llama_cpp:
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=str(model.path), n_ctx=4 * args.prefix,
+                    n_threads=torch.get_num_threads(), verbose=False)
+        row = summary([llama_pair(llm, model, prefix) for _ in range(args.repeats)])
+        print(f"llama.cpp: {json.dumps({k: v for k, v in row.items() if k != 'runs'})}")
+        return
     longspec.generate(model, prefix[:64], max_new_tokens=4)     # warm-up
     document = model.tokenizer.decode(prefix[:args.prefix - 80])
     server = Server(model)
