@@ -68,10 +68,7 @@ class PromptCache:
         self.root = Block((), None, None)
         self._lru: OrderedDict[Block, None] = OrderedDict()   # oldest first
         self._lock = threading.Lock()
-        # counters since the model loaded (the server's /metrics)
-        self.lookups = 0
-        self.hit_tokens = 0
-        self.evicted_blocks = 0
+        self.evicted_blocks = 0     # since the model loaded
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -94,14 +91,12 @@ class PromptCache:
         """Copy the keys and values of the longest cached prefix of `tokens` into an empty
         `cache`'s first slots and commit them; how many."""
         with self._lock:
-            self.lookups += 1
             pieces = self._match(tokens)
             n = sum(used for _, used in pieces)
             self._touch([block for block, _ in pieces])
             if n == 0:
                 return 0
             kv = torch.cat([block.kv[:, :, :, :used] for block, used in pieces], dim=3)
-            self.hit_tokens += n
         for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
             k[:, :n].copy_(kv[layer, 0])
             v[:, :n].copy_(kv[layer, 1])

@@ -159,7 +159,6 @@ def test_the_bound_holds_under_a_stream_of_distinct_prompts():
     assert pc.bytes == 0 and len(pc) == 0
 
 
-@pytest.mark.unit
 def test_prompt_cache_mb_is_checked():
     for bad in (-1, "1", True):
         with pytest.raises(ValueError, match="prompt_cache_mb must be a number of MiB"):
