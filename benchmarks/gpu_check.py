@@ -6,7 +6,9 @@ spent (the runs not started are listed as skipped).
   (a) exactness: every method against `ar`, greedy and sampled (TokenSwift's setting),
       bfloat16 and float32, with the attention path the GPU takes (tree_attention.py's kernel
       where Triton is); `draft` and `triforce` with --draft-model, `eagle` with --heads (by
-      default the demo's small model, and SmolLM2's EAGLE drafter in training/drafters);
+      default the demo's small model, and SmolLM2's EAGLE drafter in training/drafters); each
+      method's prompt from the prompt cache (`ar`'s run left it there), and a next turn (the
+      prompt, `ar`'s answer and more) from the cache against the cache cleared;
   (b) speed on the real model: `ar`, `auto` and transformers' `generate` with a static cache,
       compiled (the strong peer on a GPU), on chat answers (end-of-sequence respected) and in
       TokenSwift's setting (EOS ignored): tokens/s, where the answer ended, distinct-4, and
@@ -90,9 +92,9 @@ class Report:
     def __init__(self, path: Path, budget_s: float, meta: dict):
         self.path = path
         self.deadline = time.monotonic() + budget_s
-        self.data = {"meta": meta, "exactness": [], "speed": [], "step_costs": [],
-                     "projected": [], "batches": [], "skipped": [], "not_run": {},
-                     "errors": []}
+        self.data = {"meta": meta, "exactness": [], "prompt_cache": [], "speed": [],
+                     "step_costs": [], "projected": [], "batches": [], "skipped": [],
+                     "not_run": {}, "errors": []}
         self.write()
 
     def time_left(self, what: str) -> bool:
@@ -170,6 +172,21 @@ def exactness(report: Report, path: str, device: str, tokens: int, draft: str | 
                     "graphs": graphs_wanted(model.net),
                     "tokens": len(got), "tokens_a_step": stats["mean_accepted_length"],
                     "seconds": round(seconds, 2)})
+            if report.time_left(f"prompt cache {dtype} {setting}"):
+                next_turn(report, model, prompt + expect + prompt[:8], common, dtype, setting)
+
+
+def next_turn(report: Report, model, follow: list[int], common: dict, dtype: str,
+              setting: str) -> None:
+    """`auto` on a prompt holding the reference's prompt and answer: with the prompt cache
+    holding them (its answer's keys written by plain steps), against the cache cleared."""
+    hit, stats, _ = timed_generate(model, follow, method="auto", **common)
+    model.state.prompt_cache.clear()
+    fresh, fresh_stats, _ = timed_generate(model, follow, method="auto", **common)
+    report.add("prompt_cache", {"dtype": dtype, "setting": setting,
+                                "cached_tokens": stats["cached_tokens"],
+                                "fresh_cached_tokens": fresh_stats["cached_tokens"],
+                                "identical": hit == fresh})
 
 
 def hf_generate(model):

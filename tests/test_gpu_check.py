@@ -74,6 +74,9 @@ def test_the_device_check_dry_run_writes_every_part(tmp_path):
     exact = report["exactness"]
     assert {e["dtype"] for e in exact} == {"bfloat16", "float32"}
     assert all(e["identical"] for e in exact), [e for e in exact if not e["identical"]]
+    turns = report["prompt_cache"]
+    assert len(turns) == 4 and all(e["identical"] and e["cached_tokens"] > 0
+                                   and e["fresh_cached_tokens"] == 0 for e in turns), turns
     assert {e["decoder"] for e in report["speed"]} == {"ar", "auto", "hf"}
     assert all(e["identical_to_ar"] for e in report["speed"] if e["decoder"] == "auto")
     costs = report["step_costs"]
