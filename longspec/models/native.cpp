@@ -361,6 +361,21 @@ inline __m512 fold_sixteen(const Lanes* acc) {
   // group g: the sums of acc g, 4 + g, 8 + g, 12 + g
   return _mm512_add_ps(_mm512_shuffle_ps(r[0], r[1], 0x88), _mm512_shuffle_ps(r[0], r[1], 0xDD));
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// The sums of 8 accumulators, each as its lanes 0-7 (lo) and 8-15 (hi), by dots' pairwise steps
+// done for all of them at once: lo + hi, then lanes l and l + 4 (two at a time), l and l + 2,
+// l and l + 1 (four at a time), into [acc 0, 2, 4, 6 | acc 1, 3, 5, 7].
+inline __m256 fold_eight(const __m256* lo, const __m256* hi) {
+  __m256 x[8], u[4], r[2];
+  for (int m = 0; m < 8; ++m) x[m] = _mm256_add_ps(lo[m], hi[m]);
+  for (int m = 0; m < 4; ++m)     // [acc 2m | acc 2m + 1], 4 lanes each
+    u[m] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * m], x[2 * m + 1], 0x20),
+                         _mm256_permute2f128_ps(x[2 * m], x[2 * m + 1], 0x31));
+  for (int m = 0; m < 2; ++m)     // [acc 4m, 4m + 2 | acc 4m + 1, 4m + 3], 2 lanes each
+    r[m] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * m], u[2 * m + 1], 0x44),
+                         _mm256_shuffle_ps(u[2 * m], u[2 * m + 1], 0xEE));
+  return _mm256_add_ps(_mm256_shuffle_ps(r[0], r[1], 0x88), _mm256_shuffle_ps(r[0], r[1], 0xDD));
+}
 #endif
 
 template <int64_t D>
@@ -377,6 +392,35 @@ void score_keys(const Query* __restrict__ q, int64_t d, Slots keys, int64_t j0, 
     _mm512_store_ps(sums, _mm512_mul_ps(fold_sixteen(acc), _mm512_set1_ps(scale)));
     for (int64_t r = 0; r < out.count; ++r)
       std::copy(sums + 4 * r, sums + 4 * r + 4, o + r * out.stride + j0);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const int64_t dd = D ? D : d;
+  for (; j0 + 2 <= j1; j0 += 2) {   // 2 keys at a time, lanes 0-7 then 8-15: the same sums
+    const at::BFloat16* a = k + j0 * keys.stride;
+    const at::BFloat16* b = a + keys.stride;
+    __m256 halves[2][8];
+    for (int h = 0; h < 2; ++h) {
+      __m256 acc[8];
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+      for (int64_t i = 8 * h; i < dd; i += LANES) {
+        const __m256 ka = widen(a + i), kb = widen(b + i);
+        for (int r = 0; r < 4; ++r) {   // row r's sums in acc 4 (r % 2) + r / 2 (key a), + 2 (b)
+          const __m256 row = _mm256_loadu_ps(q + r * dd + i);
+          const int at = 4 * (r % 2) + r / 2;
+          acc[at] = _mm256_fmadd_ps(row, ka, acc[at]);
+          acc[at + 2] = _mm256_fmadd_ps(row, kb, acc[at + 2]);
+        }
+      }
+      std::copy(acc, acc + 8, halves[h]);
+    }
+    // [rows 0, 1 | rows 2, 3], keys a, b of each
+    const __m256 sums = _mm256_mul_ps(fold_eight(halves[0], halves[1]), _mm256_set1_ps(scale));
+    const __m128 two[2] = {_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1)};
+    for (int64_t r = 0; r < out.count; ++r) {
+      float* dst = o + r * out.stride + j0;
+      r % 2 ? _mm_storeh_pi(reinterpret_cast<__m64*>(dst), two[r / 2])
+            : _mm_storel_pi(reinterpret_cast<__m64*>(dst), two[r / 2]);
+    }
   }
 #endif
   for (int64_t j = j0; j < j1; ++j) {
@@ -426,30 +470,32 @@ void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64
   const int64_t vs = slots.stride;
   if constexpr (D % COLUMNS == 0 && D > 0) {
     constexpr int64_t V = COLUMNS / LANES;
+    constexpr unsigned ALL = (1u << R) - 1;
+    uint8_t nonzero[CHUNK];   // key j0 + i: bit r where p_r != 0 (the keys are a chunk's at most)
+    for (int64_t j = j0; j < j1; ++j) {
+      unsigned bits = 0;
+      for (int r = 0; r < R; ++r) bits |= unsigned(p[r * stride + j] != 0.0f) << r;
+      nonzero[j - j0] = static_cast<uint8_t>(bits);
+    }
     for (int64_t c = 0; c < D; c += COLUMNS) {
       Lanes a[R][V];
       for (int r = 0; r < R; ++r)
         for (int64_t i = 0; i < V; ++i) a[r][i] = load_lanes(acc + r * D + c + i * LANES);
       for (int64_t j = j0; j < j1; ++j) {
-        float w[R];
-        bool all = true;
-        for (int r = 0; r < R; ++r) {
-          w[r] = p[r * stride + j];
-          all = all && w[r] != 0.0f;
-        }
+        const unsigned bits = nonzero[j - j0];
         const at::BFloat16* v = values + j * vs + c;
-        if (all) {
+        if (bits == ALL) {
           Lanes b[R];
-          for (int r = 0; r < R; ++r) b[r] = broadcast(w[r]);
+          for (int r = 0; r < R; ++r) b[r] = broadcast(p[r * stride + j]);
           for (int64_t i = 0; i < V; ++i) {
             Lanes value = load_lanes(v + i * LANES);
             for (int r = 0; r < R; ++r) a[r][i] = fma(b[r], value, a[r][i]);
           }
-        } else {
+        } else if (bits != 0) {
           for (int64_t i = 0; i < V; ++i) {
             Lanes value = load_lanes(v + i * LANES);
             for (int r = 0; r < R; ++r)
-              if (w[r] != 0.0f) a[r][i] = fma(broadcast(w[r]), value, a[r][i]);
+              if (bits >> r & 1) a[r][i] = fma(broadcast(p[r * stride + j]), value, a[r][i]);
           }
         }
       }
