@@ -315,14 +315,18 @@ inline float dot(const Query* q, const at::BFloat16* k, int64_t d) {
 }
 
 // A float32 buffer of this shape, reused across calls while it stays under SCRATCH_FLOATS
-// (a decoding step's scores: fresh allocations of this size cost page faults every call).
+// (a decoding step's scores: fresh allocations of this size cost page faults every call), or,
+// for slot 0 (the scores, then the probabilities in place), under SCORE_FLOATS: a prefill
+// chunk's scores (prefill.py's PREFILL_SCORE_BYTES and 3 rows), whose fresh pages cost 7-11%
+// of a 2K-4K prefill's time; a thread that ran a long prompt keeps them.
 // Every element that decides a result is written before it is read.
 constexpr int64_t SCRATCH_FLOATS = 1 << 20;
+constexpr int64_t SCORE_FLOATS = (256 << 20) / sizeof(float) + (1 << 20);
 
 Tensor scratch(int slot, at::IntArrayRef shape, at::ScalarType type = at::kFloat) {
-  thread_local std::vector<float> buffers[4];
+  thread_local std::vector<float> buffers[3];
   int64_t size = c10::multiply_integers(shape) * c10::elementSize(type) / sizeof(float);
-  if (size > SCRATCH_FLOATS) return at::empty(shape, type);
+  if (size > (slot == 0 ? SCORE_FLOATS : SCRATCH_FLOATS)) return at::empty(shape, type);
   std::vector<float>& buffer = buffers[slot];
   if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
   return at::from_blob(buffer.data(), shape, type);
@@ -683,7 +687,8 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   Tensor qf = at::cat({q.to(query_type).transpose(0, 1).reshape({heads * q_len, d}),
                        at::zeros({3, d}, q.options().dtype(query_type))});
   const Query* pq = qf.const_data_ptr<Query>();
-  Tensor s = scratch(0, {heads * q_len, padded});
+  // (3 rows more, that the last head's rows go four at a time; their sums are dropped)
+  Tensor s = scratch(0, {heads * q_len + 3, padded});
   float* ps = s.data_ptr<float>();
   float scalef = static_cast<float>(scale);
   ScoreKeys score = d == 64 ? score_keys<64> : d == 128 ? score_keys<128> : score_keys<0>;
@@ -717,27 +722,31 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
       int64_t t = row % q_len;
       const at::BFloat16* keys = pk + row / rows * key_buf.stride(0);
       float* out = ps + row * padded;
-      for (int64_t c = 0; pm && c < q_len; ++c) {
+      if (pm && !pord) {   // a chain's: in place, the same operations (vectorized)
+        const at::BFloat16* add = pm + t * q_len;
+        float* o = out + start;
+        for (int64_t c = 0; c < q_len; ++c) {
+          const float a = static_cast<float>(add[c]);
+          o[c] = a == -INFINITY ? -INFINITY : o[c] + a;
+        }
+      }
+      for (int64_t c = 0; pm && pord && c < q_len; ++c) {
         int64_t from = block_slot(t, c);
         float add = static_cast<float>(pm[t * q_len + from]);
         if (add == -INFINITY) {
           out[start + c] = -INFINITY;
         } else {
-          float v = !pord ? out[start + c]
-                          : dot(pq + row * d, keys + (start + from) * ks, d) * scalef;
-          out[start + c] = v + add;
+          out[start + c] = dot(pq + row * d, keys + (start + from) * ks, d) * scalef + add;
         }
       }
       std::fill(out + n, out + padded, -INFINITY);
     }
   });
-  // (3 rows more, that the last head's rows go four at a time; their sums are dropped)
-  Tensor p = scratch(1, {heads * q_len + 3, padded});
-  Tensor probabilities = p.narrow(0, 0, heads * q_len);
-  at::_softmax_out(probabilities, s, -1, false);
-  Tensor taken = p;     // as accumulate_keys takes them
+  Tensor probabilities = s.narrow(0, 0, heads * q_len);   // in place: the same bits
+  at::_softmax_out(probabilities, probabilities, -1, false);
+  Tensor taken = s;     // as accumulate_keys takes them
   if constexpr (!std::is_same_v<Probability, float>)
-    taken = scratch(3, p.sizes(), at::kBFloat16).copy_(p);
+    taken = scratch(1, s.sizes(), at::kBFloat16).copy_(s);
   const Probability* pp = taken.const_data_ptr<Probability>();
   // each chunk's partial outputs, a (head, chunk, row block) at a time; then their pairwise sum
   int64_t chunks = padded / CHUNK, blocks = (rows + block - 1) / block;
