@@ -345,8 +345,9 @@ struct Rows {
   int64_t stride, count;
 };
 
-// The scores of keys [j0, j1) for out.count query rows from q (rows d apart, 4 of them
-// readable) into out, times scale; D: d known when compiled (0: not).
+// The scores of keys [j0, j1) for out.count (at most R) query rows from q (rows d apart, 4 of
+// them readable) into out, times scale; D: d known when compiled (0: not). R, 3 or 4, is the
+// rows the AVX2 loops compute (the others compute 4 and keep out.count).
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 // The sums of 16 accumulators, those of 4 keys for 4 rows (key i's row r in acc[4i + r]), by
 // dots' pairwise steps done for all of them at once: lanes l and l + 8 (for two at a time), then
@@ -382,7 +383,7 @@ inline __m256 fold_eight(const __m256* lo, const __m256* hi) {
 }
 #endif
 
-template <int64_t D>
+template <int64_t D, int R = 4>
 void score_keys(const Query* __restrict__ q, int64_t d, Slots keys, int64_t j0, int64_t j1,
                 Rows<float> out, float scale) {
   const at::BFloat16* __restrict__ k = keys.data;
@@ -408,7 +409,7 @@ void score_keys(const Query* __restrict__ q, int64_t d, Slots keys, int64_t j0, 
       for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
       for (int64_t i = 8 * h; i < dd; i += LANES) {
         const __m256 ka = widen(a + i), kb = widen(b + i);
-        for (int r = 0; r < 4; ++r) {   // row r's sums in acc 4 (r % 2) + r / 2 (key a), + 2 (b)
+        for (int r = 0; r < R; ++r) {   // row r's sums in acc 4 (r % 2) + r / 2 (key a), + 2 (b)
           const __m256 row = _mm256_loadu_ps(q + r * dd + i);
           const int at = 4 * (r % 2) + r / 2;
           acc[at] = _mm256_fmadd_ps(row, ka, acc[at]);
@@ -623,6 +624,21 @@ void accumulate_keys(float* __restrict__ acc, const Probability* __restrict__ p,
 #endif
 
 using ScoreKeys = decltype(&score_keys<0>);
+
+// Query rows scored together: under AVX2, 3 where a head's rows are a multiple of 3 and not of 4
+// (a token's 3 or 6 query heads a key head in SmolLM2 and Qwen2.5-1.5B: blocks of 4 would score
+// a quarter of their rows for nothing), else 4.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+constexpr bool SCORE_THREES = true;
+#else
+constexpr bool SCORE_THREES = false;
+#endif
+int64_t score_block(int64_t rows) { return SCORE_THREES && rows % 3 == 0 && rows % 4 ? 3 : 4; }
+
+template <int R>
+ScoreKeys score_for(int64_t d) {
+  return d == 64 ? score_keys<64, R> : d == 128 ? score_keys<128, R> : score_keys<0, R>;
+}
 using AccumulateKeys = decltype(&accumulate_keys<0, 4>);
 
 template <int R>
@@ -691,7 +707,8 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
   Tensor s = scratch(0, {heads * q_len + 3, padded});
   float* ps = s.data_ptr<float>();
   float scalef = static_cast<float>(scale);
-  ScoreKeys score = d == 64 ? score_keys<64> : d == 128 ? score_keys<128> : score_keys<0>;
+  const int64_t scored = score_block(rows);
+  ScoreKeys score = scored == 3 ? score_for<3>(d) : score_for<4>(d);
   const int64_t block = row_block(rows);
   AccumulateKeys accumulate = block == 3   ? accumulate_for<3>(d)
                               : block == 6 ? accumulate_for<6>(d)
@@ -701,8 +718,8 @@ Tensor loop_attention(const Tensor& q, const Tensor& key_buf, const Tensor& valu
     for (int64_t unit = first; unit < last; ++unit) {
       int64_t h = unit / tiles, from = unit % tiles * TILE, to = std::min(from + TILE, n);
       const at::BFloat16* keys = pk + h * key_buf.stride(0);
-      for (int64_t r = h * rows; r < (h + 1) * rows; r += 4) {
-        int64_t count = std::min<int64_t>(4, (h + 1) * rows - r);
+      for (int64_t r = h * rows; r < (h + 1) * rows; r += scored) {
+        int64_t count = std::min(scored, (h + 1) * rows - r);
         auto run = [&](int64_t j0, int64_t j1) {
           if (j0 < j1) score(pq + r * d, d, {keys, ks}, j0, j1, {ps + r * padded, padded, count},
                              scalef);
