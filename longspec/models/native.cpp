@@ -468,6 +468,11 @@ constexpr int64_t COLUMNS = 16;
 // p == 0; D as for score_keys. With D known, COLUMNS columns at a time stay in registers over
 // all the keys, each value read once for the R rows (each element's sum still runs over the keys
 // in order: the same operations as add_scaled's).
+// The first block of columns fetches each value row AHEAD_KEYS keys ahead, whole, for the
+// blocks after it: the keys' first reads from memory stalled the loops (one row at 32K, 0.94x
+// the time; 8 rows at 8K, 0.93x).
+constexpr int64_t AHEAD_KEYS = 32;
+
 template <int64_t D, int R>
 void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64_t stride,
                      Slots slots, int64_t j0, int64_t j1, int64_t d) {
@@ -489,6 +494,8 @@ void accumulate_keys(float* __restrict__ acc, const float* __restrict__ p, int64
       for (int64_t j = j0; j < j1; ++j) {
         const unsigned bits = nonzero[j - j0];
         const at::BFloat16* v = values + j * vs + c;
+        if (c == 0 && j + AHEAD_KEYS < j1)
+          for (int64_t b = 0; b < D; b += 32) __builtin_prefetch(v + AHEAD_KEYS * vs + b);
         if (bits == ALL) {
           Lanes b[R];
           for (int r = 0; r < R; ++r) b[r] = broadcast(p[r * stride + j]);
