@@ -26,11 +26,16 @@ def text() -> str:
     return "\n\n".join(p.read_text() for p in sorted(root.rglob("*.py")))
 
 
+def rates(run, lengths: list[int], repeats: int) -> dict:
+    """Tokens a second of `run(n)` (seconds) for each length, best of `repeats`, after a
+    warm-up of 64 tokens."""
+    run(64)
+    return {str(n): round(n / min(run(n) for _ in range(repeats)), 1) for n in lengths}
+
+
 def longspec_side(model, ids: list[int], lengths: list[int], repeats: int) -> dict:
     from longspec.cache import StaticCache
     from longspec.models.prefill import prefill
-
-    out = {"side": "longspec", "profile": model.profile.describe()}
 
     def run(n: int) -> float:
         cache = StaticCache(model.config, n, model.dtype, model.device)
@@ -38,10 +43,8 @@ def longspec_side(model, ids: list[int], lengths: list[int], repeats: int) -> di
         prefill(model.net, torch.tensor(ids[:n]), cache, 0, last_logits=1)
         return time.perf_counter() - begin
 
-    run(64)
-    for n in lengths:
-        out[str(n)] = round(n / min(run(n) for _ in range(repeats)), 1)
-    return out
+    return {"side": "longspec", "profile": model.profile.describe(),
+            **rates(run, lengths, repeats)}
 
 
 def llama_cpp_side(model, ids: list[int], lengths: list[int], repeats: int) -> dict:
@@ -49,7 +52,6 @@ def llama_cpp_side(model, ids: list[int], lengths: list[int], repeats: int) -> d
 
     llm = Llama(str(model.path), n_ctx=max(lengths) + 16, n_threads=torch.get_num_threads(),
                 n_batch=512, verbose=False)
-    out = {"side": "llama.cpp"}
 
     def run(n: int) -> float:
         llm.reset()
@@ -57,10 +59,7 @@ def llama_cpp_side(model, ids: list[int], lengths: list[int], repeats: int) -> d
         llm.eval(ids[:n])
         return time.perf_counter() - begin
 
-    run(64)
-    for n in lengths:
-        out[str(n)] = round(n / min(run(n) for _ in range(repeats)), 1)
-    return out
+    return {"side": "llama.cpp", **rates(run, lengths, repeats)}
 
 
 def main() -> None:
