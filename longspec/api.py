@@ -17,6 +17,7 @@ from .request import (
     Request,
     as_int,
     check_length,
+    checked_grammar,
     checked_settings,
     encode_prediction,
     encode_prompt,
@@ -98,6 +99,7 @@ def _prepare(model: Model, request: Request
     prediction = encode_prediction(model, r.prediction)
     check_length(model, len(prompt_ids), n)
     resumed = resumed_ids(model, r, n)
+    grammar = checked_grammar(model, r, resumed)
     rules = _stop_rules(model, r.stop, r.ignore_eos)
     stop_at = rules.cut(resumed)
     if stop_at is not None and stop_at < len(resumed):
@@ -110,7 +112,7 @@ def _prepare(model: Model, request: Request
         spec = get_method("ar")
         budget, options = spec.resolve(None)
     sampler = Sampler(sampling, seed, prompt_ids, model.config.vocab_size, model.device,
-                      rejection=r.verify == "rejection")
+                      rejection=r.verify == "rejection", grammar=grammar)
     context = len(prompt_ids) + n
     sizer = generation_sizer(model, r.method, sampler.config, budget.max_nodes)
     drafter = spec.build(DraftSetup(model, budget, options, sampler, sizer, r.draft_model,

@@ -18,6 +18,7 @@ import torch
 
 from .cache import StaticCache
 from .drafters.base import Budget, Drafter
+from .grammar import graft
 from .memory import PeakMemory, ensure_fits, upload
 from .models.graphs import StaticSteps, graphs_wanted
 from .models.loader import Model
@@ -60,6 +61,7 @@ class Engine:
         self.started = 0.0                       # perf_counter() when start() began
         self.method = method
         self.sizer = sizer
+        self.forced = 0                          # forced tokens leading this step's tree
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -194,12 +196,26 @@ class Engine:
         """The tree cut to the size that pays most (sizing.py), when it is scored: alone, by
         this generation's step costs; in a batch, by the batch's (`cost`), the others' expected
         new tokens and rows (`others`) sharing its step, and what its tokens are worth to the
-        batch (`worth`)."""
-        if tree.scores is None or tree.n == 1:
+        batch (`worth`). Then the tokens a grammar forces lead it (with_forced)."""
+        if tree.scores is not None and tree.n > 1:
+            tree = self.sizer.choose(tree, draft_seconds, self.budget.max_nodes,
+                                     self.budget.sizing == "adaptive", cost=cost, others=others,
+                                     worth=worth)
+        return self.with_forced(tree)
+
+    def with_forced(self, tree: DraftTree) -> DraftTree:
+        """The tree with the tokens the generation's grammar forces next as a chain below its
+        root (grammar.graft), for a method that drafts: drafts that cannot be wrong, verified
+        as drafts."""
+        grammar = self.sampler.grammar
+        self.forced = 0
+        if grammar is None or self.budget.max_nodes < 2:
             return tree
-        return self.sizer.choose(tree, draft_seconds, self.budget.max_nodes,
-                                 self.budget.sizing == "adaptive", cost=cost, others=others,
-                                 worth=worth)
+        forced = grammar.forced()
+        if not forced:
+            return tree
+        self.forced = min(len(forced), self.budget.max_nodes - 1)
+        return graft(tree, forced, self.budget.max_nodes)
 
     def step(self) -> list[int]:
         """One step alone: propose, verify, commit; the tokens it commits."""
@@ -239,6 +255,9 @@ class Engine:
         s.verified_nodes += tree.n
         s.drafted_tokens += tree.shape.max_depth
         s.accepted_draft_tokens += accepted_drafts
+        s.forced_tokens += self.forced
+        s.accepted_forced_tokens += min(self.forced, accepted_drafts)
+        self.forced = 0
         s.new_tokens += len(new)
         return new
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .grammar import GrammarState, constraint_of
 from .models.loader import Model
 from .sampling import SamplingConfig
 
@@ -39,6 +40,14 @@ class Request:
                                               # committed: continue after them
     prediction: Any = None                    # the output expected (text or token ids), a
                                               # draft source of the methods that copy text
+    # the output held to one of these (grammar.py): a JSON schema (a mapping or its text), a
+    # regex, a Lark grammar, a list of choices, or OpenAI's response_format (or a pydantic
+    # model class)
+    json_schema: Any = None
+    regex: str | None = None
+    grammar: str | None = None
+    choice: Any = None
+    response_format: Any = None
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -170,3 +179,23 @@ def check_length(model: Model, prompt_len: int, max_new_tokens: int) -> None:
         raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
                          f"exceeds the model's context of {limit} positions; lower "
                          f"max_new_tokens to {limit - prompt_len} or less")
+
+
+def checked_grammar(model: Model, r: Request, resumed: list[int]) -> GrammarState | None:
+    """The grammar state of a constrained request (None for free text), its constraint compiled
+    for the model: a ValueError naming what cannot be."""
+    constraint = constraint_of(json_schema=r.json_schema, regex=r.regex, grammar=r.grammar,
+                               choice=r.choice, response_format=r.response_format)
+    if constraint is None:
+        return None
+    if r.ignore_eos:
+        raise ValueError("a constrained output ends where its grammar does: ignore_eos does "
+                         "not apply")
+    if r.verify == "rejection":
+        raise ValueError("verify='rejection' does not take a grammar (its drafts' "
+                         "distributions are not masked): use verify='match'")
+    state = GrammarState(model, constraint.grammar())
+    if resumed and not state.follows(resumed):
+        raise ValueError("resume_from's tokens do not follow the grammar: they were not made "
+                         "with these settings")
+    return state

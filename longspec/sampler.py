@@ -5,6 +5,9 @@ the same position gets the same choice rule everywhere. Positions are counted fr
 committed sequence; `ahead` names tokens a draft level has accepted beyond it but that are not
 committed yet (the hierarchical drafter verifies in two stages).
 
+A grammar (grammar.py) masks every choice: each tree node's by the grammar state at the end of
+its path, a draft's by the state after its chain.
+
 In rejection mode (`verify="rejection"`), draft tokens are sampled from their own distribution
 with a seeded generator, and acceptance and residual draws use the same generator.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from .grammar import GrammarState
 from .memory import upload
 from .noise import PositionNoise, gumbel_keyed
 from .penalty import PenaltyWindow
@@ -22,7 +26,9 @@ from .tree import DraftTree
 
 class Sampler:
     def __init__(self, config: SamplingConfig, seed: int, prompt_ids: list[int], vocab_size: int,
-                 device: torch.device, rejection: bool = False):
+                 device: torch.device, rejection: bool = False,
+                 grammar: GrammarState | None = None):
+        """`grammar`: the state of the grammar the new tokens must follow, or None."""
         self.config = config
         self.seed = seed
         self.device = device
@@ -34,8 +40,12 @@ class Sampler:
         self.rng = torch.Generator(device=device)
         self.rng.manual_seed(seed)
         self.length = 0   # committed tokens, prompt included
+        self.prompt_length = len(prompt_ids)
+        self.grammar = grammar
 
     def commit(self, tokens: list[int]) -> None:
+        if self.grammar is not None:
+            self.grammar.commit(tokens[max(0, self.prompt_length - self.length):])
         self.length += len(tokens)
         if self.penalty is not None:
             self.penalty.extend(tokens)
@@ -53,14 +63,19 @@ class Sampler:
         last of committed + ahead; a node at depth d predicts position length + len(ahead) + d."""
         window = self._window(list(ahead))
         present = window.presence(tree) if window is not None else None
-        processed = process_logits(logits, self.config, present)
+        processed = process_logits(logits, self.config, present, self.allowed(tree, ahead))
         return processed, self._choose(processed, tree.shape.depth + self.length + len(ahead))
+
+    def allowed(self, tree: DraftTree, ahead: list[int] = ()) -> torch.Tensor | None:
+        """The tokens the grammar allows after each node [n, vocab]; None without one."""
+        return None if self.grammar is None else self.grammar.tree_masks(tree, ahead)
 
     def chain_choice(self, logits: torch.Tensor, path: list[int]) -> tuple[torch.Tensor, int]:
         """Processed logits [1, vocab] and the token chosen after committed + path: the
         position's Gumbel-max choice, or in rejection mode a fresh sample."""
         present = self.penalty.presence_after(path) if self.penalty is not None else None
-        processed = process_logits(logits, self.config, present)
+        allowed = None if self.grammar is None else self.grammar.mask_after(path)
+        processed = process_logits(logits, self.config, present, allowed)
         if self.rejection:
             return processed, int(self.sample(processed)[0])
         position = upload([self.length + len(path)], self.device)
@@ -113,10 +128,15 @@ def choices_together(samplers: list[Sampler], trees: list[DraftTree], logits: to
     noise is keyed by each row's generation (gumbel_keyed). The samplers share one
     SamplingConfig."""
     config = samplers[0].config
-    present = None
+    present = allowed = None
     if config.uses_penalty:
         present = torch.cat([s.penalty.presence(t) for s, t in zip(samplers, trees)])
-    processed = process_logits(logits, config, present)
+    if any(s.grammar is not None for s in samplers):
+        masks = [s.allowed(t) for s, t in zip(samplers, trees)]
+        allowed = torch.cat([torch.ones(t.n, logits.shape[-1], dtype=torch.bool,
+                                        device=logits.device) if m is None else m
+                             for m, t in zip(masks, trees)])
+    processed = process_logits(logits, config, present, allowed)
     if config.greedy:
         return processed, processed.argmax(dim=-1)
     positions = torch.cat([t.shape.depth + s.length for s, t in zip(samplers, trees)])

@@ -1,7 +1,7 @@
 """Sampling: one logits-processing function and position-keyed Gumbel-max selection.
 
 Processing order, used by plain decoding, by drafters and by verification alike:
-contextual penalty -> temperature -> top-k -> top-p -> min-p -> eta.
+grammar mask -> contextual penalty -> temperature -> top-k -> top-p -> min-p -> eta.
 
 The sample for absolute position t is argmax(processed logits + g_t), where the Gumbel noise
 g_t depends on (seed, prompt, t) only (noise.py). Plain decoding and tree verification
@@ -67,10 +67,14 @@ def apply_penalty(logits: torch.Tensor, present: torch.Tensor, theta: float) -> 
 
 
 def process_logits(logits: torch.Tensor, cfg: SamplingConfig,
-                   present: torch.Tensor | None = None) -> torch.Tensor:
+                   present: torch.Tensor | None = None,
+                   allowed: torch.Tensor | None = None) -> torch.Tensor:
     """The one logits-processing function. logits [n, vocab] -> processed fp32 logits, with
-    removed tokens at -inf. `present` [n, vocab] marks tokens in each row's penalty window."""
+    removed tokens at -inf. `present` [n, vocab] marks tokens in each row's penalty window,
+    `allowed` [n, vocab] the tokens a grammar allows after each row (grammar.py)."""
     x = logits.float()
+    if allowed is not None:
+        x = x.masked_fill(~allowed, float("-inf"))
     if present is not None and cfg.uses_penalty:
         x = apply_penalty(x, present, cfg.penalty)
     if cfg.greedy:

@@ -169,6 +169,7 @@ class SharedState:
         self.captures = Captures()
         self.kept_steps = KeptSteps()
         self.prompt_cache = PromptCache()
+        self.grammar_tokenizer = None     # llguidance's tokenizer for the model (grammar.py)
         self._hot: dict[tuple, Any] = {}
 
     def checkout(self, key: tuple, make: Callable[[], Any]) -> Any:

@@ -23,6 +23,8 @@ class Stats:
     verified_nodes: int = 0          # tree nodes over all verify forwards, roots included
     drafted_tokens: int = 0          # draft tokens offered, on the accepted-length axis
     accepted_draft_tokens: int = 0   # accepted draft tokens that were committed
+    forced_tokens: int = 0           # draft tokens a grammar forced (grammar.py), verified
+    accepted_forced_tokens: int = 0  # ... of them, committed
     new_tokens: int = 0
     prefill_s: float = 0.0
     cached_tokens: int = 0           # prompt tokens whose keys and values the prompt cache held
@@ -53,6 +55,8 @@ class Stats:
             "timing_steps": self.timing_steps,
             "drafted_tokens": self.drafted_tokens,
             "accepted_draft_tokens": self.accepted_draft_tokens,
+            "forced_tokens": self.forced_tokens,
+            "accepted_forced_tokens": self.accepted_forced_tokens,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "mean_tree_nodes": self.verified_nodes / self.steps if self.steps else 0.0,

@@ -115,6 +115,10 @@ class DraftTree:
         return cls(shape, torch.tensor(tokens, device=device), draft_probs)
 
 
+# The source id of the tokens a grammar forces (grammar.graft), beside each drafter's own ids
+# (`auto` names it "grammar" among its SOURCES)
+FORCED = 6
+
 # Tries of scored candidates hold this many times the nodes a step may verify: the engine
 # keeps the best of them (sizing.py).
 CANDIDATES = 2

@@ -32,7 +32,8 @@ from .registry import MethodSpec, Option
 from .suffix import SuffixDrafter
 
 # by the source ids nodes carry
-SOURCES = ("suffix", "suffix_earlier", "prediction", "recycling", "eagle", "draft_model")
+SOURCES = ("suffix", "suffix_earlier", "prediction", "recycling", "eagle", "draft_model",
+           "grammar")
 RECYCLING, EAGLE, DRAFT_MODEL = 3, 4, 5
 SPEC_NAME = "auto"
 RECYCLING_BUDGET = Budget(32, 6)    # the recycling template within the merged trie
