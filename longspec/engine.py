@@ -177,7 +177,7 @@ class Engine:
         except Unmeasured as missing:
             timing = missing.rows <= tree.n
             if timing:
-                tree = self.sizer.best(tree, missing.rows)
+                tree = self.with_forced(self.sizer.best(tree, missing.rows))
                 if self.steps is not None:
                     self.steps.capture(tree.n)
             else:

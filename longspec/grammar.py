@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import llguidance
+import llguidance.hf
 import numpy as np
 import torch
 
@@ -48,8 +50,6 @@ class Constraint:
 
     def grammar(self) -> str:
         """llguidance's grammar for the constraint (ValueError for a malformed one)."""
-        import llguidance
-
         compile_ = llguidance.LLMatcher
         if self.kind == "json_schema":
             schema = self.value
@@ -124,8 +124,6 @@ def grammar_tokenizer(model):
     sequence the model's."""
     state = model.state
     if state.grammar_tokenizer is None:
-        import llguidance.hf
-
         tok = model.tokenizer
         if tok is None or not hasattr(tok, "backend_tokenizer"):
             raise ValueError(f"{model.name} has no fast tokenizer to hold its output to a grammar")
@@ -153,8 +151,6 @@ class GrammarState:
     committed so far (the prompt is not the grammar's)."""
 
     def __init__(self, model, grammar: str):
-        import llguidance
-
         self.matcher = llguidance.LLMatcher(grammar_tokenizer(model), grammar, log_level=0)
         if self.matcher.is_error():
             raise ValueError(f"the grammar cannot be compiled: {self.matcher.get_error()}")

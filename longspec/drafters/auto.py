@@ -241,6 +241,8 @@ class AutoDrafter(Drafter):
             self.eagle.observe(tree, target_out, verdict)
         if self.draft_model is not None:
             self.draft_model.observe(tree, target_out, verdict)
+        if tree.sources is None:        # a batch's plain step, its forced tokens grafted
+            return
         passed = set(verdict.accepted)
         for node in range(1, tree.n):
             source = tree.sources[node]
