@@ -46,7 +46,8 @@ from .sidecar import (
 # a line's own settings: generate's, with the sampling settings named as in SamplingConfig
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "eta", "penalty", "penalty_window")
 LINE_SETTINGS = ("max_new_tokens", "method", "seed", "stop", "ignore_eos", "options",
-                 "prediction", *SAMPLING_KEYS)
+                 "prediction", "json_schema", "regex", "grammar", "choice", "response_format",
+                 *SAMPLING_KEYS)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ def _line(entry: dict, number: int, job: Request, where: str) -> Line:
                         verify=request.verify, prediction=bool(request.prediction))
         checked_settings(request)
         spec.resolve(request.options)
+        if (constraint := request.constraint()) is not None:
+            constraint.grammar()
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
     return Line(str(entry.get("id", number)), request)

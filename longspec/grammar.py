@@ -133,27 +133,17 @@ def grammar_tokenizer(model):
     return state.grammar_tokenizer
 
 
-def compile_constraint(model, constraint: Constraint) -> str:
-    """The constraint's grammar, checked against the model's tokenizer: a ValueError naming
-    what llguidance refused (before any work)."""
-    import llguidance
-
-    grammar = constraint.grammar()
-    error = llguidance.LLMatcher.validate_grammar(grammar, grammar_tokenizer(model))
-    if error:
-        raise ValueError(f"the {constraint.kind.replace('_', ' ')} cannot be compiled: "
-                         f"{error.strip()}")
-    return grammar
-
-
 class GrammarState:
     """One generation's place in its grammar: a matcher that has consumed the new tokens
     committed so far (the prompt is not the grammar's)."""
 
-    def __init__(self, model, grammar: str):
+    def __init__(self, model, constraint: Constraint):
+        """A ValueError naming the constraint where llguidance cannot compile it."""
+        grammar = constraint.grammar()
         self.matcher = llguidance.LLMatcher(grammar_tokenizer(model), grammar, log_level=0)
         if self.matcher.is_error():
-            raise ValueError(f"the grammar cannot be compiled: {self.matcher.get_error()}")
+            raise ValueError(f"the {constraint.kind.replace('_', ' ')} cannot be compiled: "
+                             f"{self.matcher.get_error()}")
         self.vocab = model.config.vocab_size
         self.words = (self.vocab + 31) // 32
         self.device = model.device

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .grammar import GrammarState, constraint_of
+from .grammar import Constraint, GrammarState, constraint_of
 from .models.loader import Model
 from .sampling import SamplingConfig
 
@@ -52,6 +52,12 @@ class Request:
     @classmethod
     def fields(cls) -> tuple[str, ...]:
         return tuple(cls.__dataclass_fields__)
+
+    def constraint(self) -> Constraint | None:
+        """What the output is held to (None: free text); a ValueError for a malformed one."""
+        return constraint_of(json_schema=self.json_schema, regex=self.regex,
+                             grammar=self.grammar, choice=self.choice,
+                             response_format=self.response_format)
 
 
 def as_int(value, name: str) -> int:
@@ -184,8 +190,7 @@ def check_length(model: Model, prompt_len: int, max_new_tokens: int) -> None:
 def checked_grammar(model: Model, r: Request, resumed: list[int]) -> GrammarState | None:
     """The grammar state of a constrained request (None for free text), its constraint compiled
     for the model: a ValueError naming what cannot be."""
-    constraint = constraint_of(json_schema=r.json_schema, regex=r.regex, grammar=r.grammar,
-                               choice=r.choice, response_format=r.response_format)
+    constraint = r.constraint()
     if constraint is None:
         return None
     if r.ignore_eos:
@@ -194,7 +199,7 @@ def checked_grammar(model: Model, r: Request, resumed: list[int]) -> GrammarStat
     if r.verify == "rejection":
         raise ValueError("verify='rejection' does not take a grammar (its drafts' "
                          "distributions are not masked): use verify='match'")
-    state = GrammarState(model, constraint.grammar())
+    state = GrammarState(model, constraint)
     if resumed and not state.follows(resumed):
         raise ValueError("resume_from's tokens do not follow the grammar: they were not made "
                          "with these settings")

@@ -79,6 +79,7 @@ def run_settings(model: Model, request: Request) -> dict:
         "sampling": asdict(sampling),
         "seed": r.seed,
         "stop": _stop_list(r.stop),
+        "grammar": None if (constraint := r.constraint()) is None else constraint.grammar(),
         "ignore_eos": r.ignore_eos,
         "max_new_tokens": r.max_new_tokens,
         "keep_special": r.keep_special,

@@ -105,7 +105,7 @@ def test_constrained_generations_in_a_batch_match_each_alone(together, monkeypat
 
 def test_each_nodes_mask_is_the_grammar_state_at_the_end_of_its_path():
     target, _ = models()
-    state = GrammarState(target, Constraint("json_schema", SCHEMA).grammar())
+    state = GrammarState(target, Constraint("json_schema", SCHEMA))
     tok = target.tokenizer
     state.commit(tok('{"name": "ab', add_special_tokens=False)["input_ids"])
     trie = TrieBuilder(tok("b")["input_ids"][-1], 64, 8)

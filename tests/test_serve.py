@@ -1,6 +1,7 @@
 """`longspec serve` with the `openai` package as the client, against a server on a free loopback
-port: outputs equal the library's token for token, streamed or whole, concurrent or not; bad
-requests get OpenAI-style 4xx errors; dropped clients free the worker; metrics count."""
+port: outputs equal the library's token for token, streamed or whole, concurrent or not, free or
+held to a grammar (OpenAI's response_format, the client's `parse`, vLLM's structured_outputs);
+bad requests get OpenAI-style 4xx errors; dropped clients free the worker; metrics count."""
 
 import json
 import shutil
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import openai
+import pydantic
 import pytest
 from serving import ServerThread
 
@@ -329,3 +331,69 @@ def test_load_test_script_checks_responses(server, monkeypatch, capsys):
         summary = json.loads(capsys.readouterr().out)
         assert summary["ok"] >= 1 and summary["failed"] == 0
         assert summary["server_rss_bytes"]["after"] > 0 and summary["latency_s"]["p50"] > 0
+
+
+ITEM_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "count"],
+          "properties": {"name": {"type": "string", "maxLength": 16},
+                         "count": {"type": "integer", "minimum": 0, "maximum": 99}}}
+GREEDY = {"sampling": longspec.SamplingConfig(temperature=0), "seed": 0}
+
+
+class Item(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=16)
+    count: int = pydantic.Field(ge=0, le=99)
+
+
+def test_json_schema_response_format_equals_generate(client, model):
+    fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": ITEM_SCHEMA,
+                                                  "strict": True}}
+    res = client.chat.completions.create(model="demo-chat", messages=MESSAGES, max_tokens=64,
+                                         temperature=0, seed=0, response_format=fmt,
+                                         extra_body={"return_token_ids": True})
+    ref = longspec.generate(model, MESSAGES, max_new_tokens=64, response_format=fmt, **GREEDY)
+    assert res.choices[0].model_extra["token_ids"] == ref.token_ids
+    assert res.choices[0].finish_reason == "stop"
+    value = json.loads(res.choices[0].message.content)
+    assert set(value) == {"name", "count"} and 0 <= value["count"] <= 99
+
+
+def test_the_clients_parse_takes_a_pydantic_model(client):
+    res = client.chat.completions.parse(model="demo-chat", messages=MESSAGES, max_tokens=64,
+                                        temperature=0, seed=0, response_format=Item)
+    item = res.choices[0].message.parsed
+    assert isinstance(item, Item) and len(item.name) <= 16
+
+
+def test_json_object_and_vllms_structured_outputs(client, model):
+    res = client.chat.completions.create(model="demo-chat", messages=MESSAGES, max_tokens=48,
+                                         temperature=0, response_format={"type": "json_object"})
+    if res.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(res.choices[0].message.content), dict)
+    regex = r"[a-z]{3,8}-[0-9]{2}"
+    plain = client.completions.create(model="demo-chat", prompt="A code: ", max_tokens=16,
+                                      temperature=0.8, seed=3,
+                                      extra_body={"structured_outputs": {"regex": regex},
+                                                  "return_token_ids": True})
+    ref = longspec.generate(model, "A code: ", max_new_tokens=16, regex=regex, seed=3,
+                            sampling=longspec.SamplingConfig(temperature=0.8))
+    assert plain.choices[0].model_extra["token_ids"] == ref.token_ids
+    picked = client.completions.create(model="demo-chat", prompt="Yes or no? ", max_tokens=8,
+                                       extra_body={"structured_outputs": {
+                                           "choice": ["yes", "no"]}})
+    assert picked.choices[0].text in ("yes", "no")
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objectx"}}}}, "cannot be compiled"),
+    ({"response_format": {"type": "xml"}}, "response_format must be"),
+    ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
+    ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+     "not both"),
+])
+def test_bad_constraints_are_refused_with_openais_error_body(server, body, message):
+    status, _, payload = server.request("POST", "/v1/chat/completions", {
+        "model": "demo-chat", "messages": MESSAGES, "max_tokens": 4, **body})
+    assert status == 400, payload
+    assert set(payload["error"]) == {"message", "type", "param", "code"}
+    assert message in payload["error"]["message"]

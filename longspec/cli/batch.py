@@ -22,9 +22,10 @@ def add_parser(sub) -> None:
                        description="Each line of PROMPTS is a JSON object: \"prompt\" (text or "
                        "token ids) or \"messages\", an optional \"id\", and settings of its own "
                        "(max_new_tokens, method, seed, stop, ignore_eos, options, prediction, "
-                       "temperature, top_p, top_k, min_p, eta, penalty, penalty_window) over "
-                       "the flags'. Results go to --out, a JSON line each, in order. Run the "
-                       "same command again after an interruption (a kill included): finished "
+                       "json_schema, regex, grammar, choice, response_format, temperature, "
+                       "top_p, top_k, min_p, eta, penalty, penalty_window) over the flags'. "
+                       "Results go to --out, a JSON line each, in order. Run the same command "
+                       "again after an interruption (a kill included): finished "
                        "lines are kept, those under way continue token-identically.")
     g.add_argument("model", help="checkpoint directory, .gguf file, Hub id or bundled name "
                    f"({', '.join(BUNDLED)})")

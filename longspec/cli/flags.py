@@ -140,6 +140,30 @@ def prompt_from_args(args):
     return [*system, {"role": "user", "content": text}]
 
 
+def constraint_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the output held to a grammar (one of these; it ends where the "
+                             "grammar does)").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="FILE", help="a JSON schema (a .json file)")
+    g.add_argument("--json-object", action="store_true", help="any JSON object")
+    g.add_argument("--regex", help="a regular expression the whole output matches")
+    g.add_argument("--grammar", metavar="FILE", help="a Lark grammar (llguidance's dialect)")
+    g.add_argument("--choice", action="append", metavar="TEXT",
+                   help="one of these texts (repeatable)")
+
+
+def constraint_from_args(args) -> dict:
+    """The Request settings of constraint_flags."""
+    from ..text import read_text_file
+
+    if args.json_schema is not None:
+        return {"json_schema": read_text_file(args.json_schema, "--json-schema")}
+    if args.json_object:
+        return {"response_format": {"type": "json_object"}}
+    if args.grammar is not None:
+        return {"grammar": read_text_file(args.grammar, "--grammar")}
+    return {"regex": args.regex, "choice": args.choice}
+
+
 def check_writable(path: str | None, flag: str) -> None:
     """Refuse, before any work, an output file that cannot be appended to."""
     if path is None:

@@ -8,6 +8,8 @@ import sys
 from ..models.sources import BUNDLED
 from .flags import (
     check_writable,
+    constraint_flags,
+    constraint_from_args,
     load_from_args,
     load_optional,
     method_flags,
@@ -38,6 +40,7 @@ def add_parser(sub) -> None:
                    help="the output expected, mostly (a file to be returned with an edit: "
                    "OpenAI's predicted outputs): `auto` and `suffix` draft from it, and the "
                    "JSON's stats count its accepted and rejected tokens")
+    constraint_flags(g)
     g.add_argument("--json", action="store_true", help="print one JSON object at the end")
     g.add_argument("--output", help="append the text to FILE as it is generated, keeping the "
                    "committed tokens in FILE.longspec.json for --resume")
@@ -77,7 +80,8 @@ def run(args) -> int:
                 "verify": args.verify, "options": options, "keep_special": args.keep_special,
                 "include_stop": args.include_stop,
                 "prediction": (None if args.prediction_file is None
-                               else read_text_file(args.prediction_file, "--prediction-file"))}
+                               else read_text_file(args.prediction_file, "--prediction-file")),
+                **constraint_from_args(args)}
     out = None
     if args.output:
         out = RunOutput.open(args.output, model, Request(prompt, **settings), args.resume,

@@ -86,6 +86,10 @@ class Server:
             prediction = None if body.prediction is None else parts_text(body.prediction.content)
         except ValueError as e:
             raise APIError(400, str(e), param="prediction") from None
+        try:
+            constraint = body.constraint()
+        except ValueError as e:
+            raise APIError(400, str(e), param="response_format") from None
         method = body.method or cfg.method
         spec = METHODS.get(method)
         return prompt, {
@@ -94,7 +98,7 @@ class Server:
             "stop": body.stop, "ignore_eos": body.ignore_eos, "options": body.options,
             "draft_model": cfg.draft_model if spec and spec.needs_draft_model else None,
             "heads": cfg.heads if spec and spec.needs_heads else None,
-            "prediction": prediction}
+            "prediction": prediction, **constraint}
 
     def open(self, prompt, settings: dict) -> Stream:
         """longspec's checks and the engine, built; nothing runs (called on the worker's

@@ -6,7 +6,9 @@ longspec does not implement are refused unless they hold their neutral value (UN
 Besides OpenAI's fields, a request may carry longspec's (vLLM's names where vLLM has them):
 min_p, top_k (0 or -1: off), repetition_penalty (longspec's contextual penalty, over the last
 penalty_window tokens), method, options, ignore_eos, return_token_ids. OpenAI's `prediction`
-(predicted outputs) is a draft source of `auto` and `suffix`.
+(predicted outputs) is a draft source of `auto` and `suffix`. An output is held to a grammar by
+OpenAI's `response_format` (json_object, json_schema) or vLLM's `structured_outputs` (one of
+json, regex, choice, grammar, json_object).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ UNSUPPORTED = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
     "best_of": (None, 1), "suffix": (None, ""), "frequency_penalty": (None, 0),
     "presence_penalty": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
-    "tool_choice": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
+    "tool_choice": (None, "none", "auto"),
 }
+# vLLM's structured_outputs keys -> the Request setting each one is
+STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choice",
+                      "grammar": "grammar"}
 
 
 class StreamOptions(BaseModel):
@@ -80,6 +85,25 @@ class GenerationBody(BaseModel):
     ignore_eos: bool = False
     return_token_ids: bool = False
     prediction: Prediction | None = None
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+
+    def constraint(self) -> dict:
+        """The Request settings of response_format or structured_outputs (ValueError for a
+        malformed one, or for both)."""
+        if self.structured_outputs is None:
+            return {} if self.response_format is None else {
+                "response_format": self.response_format}
+        if self.response_format not in (None, {"type": "text"}):
+            raise ValueError("give response_format or structured_outputs, not both")
+        given = {k: v for k, v in self.structured_outputs.items() if v not in (None, False)}
+        if given.pop("json_object", None) is True:
+            given["response_format"] = {"type": "json_object"}
+        unknown = sorted(set(given) - set(STRUCTURED_OUTPUTS) - {"response_format"})
+        if unknown:
+            raise ValueError(f"structured_outputs.{unknown[0]} is not supported; it takes one "
+                             f"of: {', '.join(STRUCTURED_OUTPUTS)}, json_object")
+        return {STRUCTURED_OUTPUTS.get(k, k): v for k, v in given.items()}
 
     def unsupported(self) -> tuple[str, object] | None:
         """The first field set to a value longspec cannot honour, with that value."""
