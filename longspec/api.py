@@ -20,13 +20,15 @@ from .request import (
     checked_grammar,
     checked_settings,
     encode_prediction,
-    encode_prompt,
+    encode_request,
+    logit_bias,
     resumed_ids,
 )
 from .sampler import Sampler
 from .sizing import generation_sizer
 from .stopping import StopRules
 from .text import TextStream, cut_at_stop, decode
+from .tools import checked_tools, parse_tool_calls
 
 
 @dataclass
@@ -36,12 +38,17 @@ class GenerationResult:
     stats: dict
     finish_reason: str     # "eos", "stop", "length" or "interrupted"
     prompt_tokens: int
+    logprobs: list[dict] | None = None   # per new token, when asked for (token_logprobs)
+    # the calls in the text, with tools (tools.parse_tool_calls: OpenAI's form); finish_reason
+    # is then "tool_calls"
+    tool_calls: list[dict] | None = None
 
 
 @dataclass
 class Chunk:
     token_ids: list[int]   # tokens committed by one step
     text: str              # the text they add ('' while it is held back)
+    logprobs: list[dict] | None = None   # theirs, when asked for (token_logprobs)
 
 
 def prediction_usage(prediction: list[int], output: list[int]) -> dict:
@@ -95,7 +102,7 @@ def _prepare(model: Model, request: Request
     check_arguments(spec, draft_model=r.draft_model is not None, heads=r.heads is not None,
                     verify=r.verify, prediction=bool(r.prediction))
     n, seed, sampling = checked_settings(r)
-    prompt_ids = encode_prompt(model, r.prompt)
+    prompt_ids = encode_request(model, r)
     prediction = encode_prediction(model, r.prediction)
     check_length(model, len(prompt_ids), n)
     resumed = resumed_ids(model, r, n)
@@ -112,7 +119,8 @@ def _prepare(model: Model, request: Request
         spec = get_method("ar")
         budget, options = spec.resolve(None)
     sampler = Sampler(sampling, seed, prompt_ids, model.config.vocab_size, model.device,
-                      rejection=r.verify == "rejection", grammar=grammar)
+                      rejection=r.verify == "rejection", grammar=grammar,
+                      bias=logit_bias(model, r))
     context = len(prompt_ids) + n
     sizer = generation_sizer(model, r.method, sampler.config, budget.max_nodes)
     drafter = spec.build(DraftSetup(model, budget, options, sampler, sizer, r.draft_model,
@@ -121,6 +129,7 @@ def _prepare(model: Model, request: Request
     engine = Engine(model, drafter, sampler, budget, n - len(resumed), rules, r.method,
                     sizer=sizer)
     engine.done = stop_at is not None or len(resumed) == n    # nothing left to generate
+    engine.logprobs_top = r.logprobs
     engine.check_memory(len(prompt_ids) + len(resumed))
     return engine, prompt_ids, resumed, prediction
 
@@ -141,6 +150,7 @@ class Stream:
         self.progress = progress
         self.result: GenerationResult | None = None
         self.prediction = list(prediction)
+        self.tools = checked_tools(model, request.tools, request.tool_choice)[0] is not None
         tok, r, stop = model.tokenizer, request, engine.stop
         self._text = (TextStream(tok, prompt_ids[-4:], stop.stop_strings, r.keep_special,
                                  r.include_stop) if tok is not None else None)
@@ -189,7 +199,10 @@ class Stream:
             piece = text.finish(new, self.engine.stop.by_string)
         else:
             piece = text.push(new)
-        return Chunk(new, piece)
+        engine = self.engine
+        logprobs = (None if engine.logprobs_top is None
+                    else engine.logprobs[len(engine.logprobs) - len(new):])
+        return Chunk(new, piece, logprobs)
 
     def end(self, finished: bool) -> None:
         """The generation ended (`finished`) or was stopped: its result is what it committed."""
@@ -210,7 +223,13 @@ class Stream:
             stats["resumed_tokens"] = len(self.resumed)
         if self.prediction:
             stats["prediction"] = prediction_usage(self.prediction, token_ids)
-        return GenerationResult(token_ids, text, stats, reason, len(self.prompt_ids))
+        logprobs = None if self.engine.logprobs_top is None else list(self.engine.logprobs)
+        calls = None
+        if self.tools and finished:
+            calls = parse_tool_calls(text)[1] or None
+            reason = "tool_calls" if calls else reason
+        return GenerationResult(token_ids, text, stats, reason, len(self.prompt_ids), logprobs,
+                                calls)
 
 
 def stream(model: Model, prompt, *, progress: bool = False, **settings) -> Stream:

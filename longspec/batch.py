@@ -3,7 +3,12 @@ resumable after a kill (SIGKILL included) without a token lost or a line written
 
 An input line is a JSON object: "prompt" (text or token ids) or "messages" (chat), an optional
 "id" (by default the line's number, from 1), and optional settings of its own (LINE_SETTINGS)
-over the job's. Every line is read and checked before the first generation.
+over the job's; or a line of OpenAI's Batch API ({"custom_id", "method": "POST", "url":
+"/v1/chat/completions" or "/v1/completions", "body"}), whose body the server's translation reads
+(serve/translate.py) and whose output line is OpenAI's ({"id", "custom_id", "response":
+{"status_code", "request_id", "body"}, "error"}, the body a completion as the server writes
+it, its id made of the custom_id and its `created` 0). Every line is read and checked before the
+first generation.
 
 Lines run as one batch (batching.py), up to max_batch at a time, a line joining as another
 ends. An output line, written whole (one write, then fsync) once it and every line before it
@@ -32,7 +37,7 @@ from .batching import DEFAULT_MAX_BATCH
 from .batching import run_batch as run_batch_streams
 from .drafters import check_arguments, get_method
 from .models.loader import Model
-from .request import Request, checked_settings, encode_prompt
+from .request import Request, checked_settings, encode_request
 from .sampling import SamplingConfig
 from .sidecar import (
     Checkpoints,
@@ -50,10 +55,16 @@ LINE_SETTINGS = ("max_new_tokens", "method", "seed", "stop", "ignore_eos", "opti
                  *SAMPLING_KEYS)
 
 
+# OpenAI's Batch API: the endpoints a line may name, and whether each is a chat's
+OPENAI_URLS = {"/v1/chat/completions": True, "/v1/completions": False}
+
+
 @dataclass(frozen=True)
 class Line:
     id: str
     request: Request
+    url: str | None = None     # an OpenAI Batch API line's endpoint (OPENAI_URLS)
+    model_name: str = ""       # ... and the model its body names
 
 
 def read_lines(path: str | Path, job: Request) -> list[Line]:
@@ -80,7 +91,62 @@ def read_lines(path: str | Path, job: Request) -> list[Line]:
     return lines
 
 
+def _openai_line(entry: dict, job: Request, where: str) -> Line:
+    """A line of OpenAI's Batch API, as the server would take its body (the job's settings
+    where the body says nothing, its seed included: a job's lines are reproducible)."""
+    import pydantic
+
+    from .serve.responses import APIError
+    from .serve.schemas import ChatBody, CompletionBody
+    from .serve.translate import Defaults, body_settings
+
+    unknown = sorted(set(entry) - {"custom_id", "method", "url", "body"})
+    if unknown:
+        raise ValueError(f"{where}: unknown field {unknown[0]!r}; an OpenAI batch line takes "
+                         "custom_id, method, url and body")
+    url = entry.get("url")
+    if entry.get("method", "POST") != "POST" or url not in OPENAI_URLS:
+        raise ValueError(f"{where}: an OpenAI batch line POSTs to {' or '.join(OPENAI_URLS)}, "
+                         f"got {entry.get('method')} {url}")
+    chat = OPENAI_URLS[url]
+    try:
+        body = (ChatBody if chat else CompletionBody).model_validate(entry.get("body"))
+    except pydantic.ValidationError as e:
+        error = e.errors()[0]
+        raise ValueError(f"{where}: body.{'.'.join(map(str, error['loc']))}: "
+                         f"{error['msg']}") from None
+    if body.n != 1 or body.stream:
+        raise ValueError(f"{where}: a batch line writes one whole completion: n 1, stream "
+                         "false")
+    try:
+        prompt, settings = body_settings(body, chat, Defaults(job.method, job.draft_model,
+                                                              job.heads, seed=job.seed))
+    except APIError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if settings["max_new_tokens"] is None:
+        settings["max_new_tokens"] = job.max_new_tokens
+    request = replace(job, prompt=prompt, **settings)
+    _check(request, where)
+    return Line(str(entry["custom_id"]), request, url, body.model)
+
+
+def _check(request: Request, where: str) -> None:
+    """A line's request, checked as far as it can be without the model."""
+    try:
+        spec = get_method(request.method)
+        check_arguments(spec, draft_model=False, heads=request.heads is not None,
+                        verify=request.verify, prediction=bool(request.prediction))
+        checked_settings(request)
+        spec.resolve(request.options)
+        if (constraint := request.constraint()) is not None:
+            constraint.grammar()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 def _line(entry: dict, number: int, job: Request, where: str) -> Line:
+    if "custom_id" in entry:
+        return _openai_line(entry, job, where)
     unknown = sorted(set(entry) - {"id", "prompt", "messages", *LINE_SETTINGS})
     if unknown:
         raise ValueError(f"{where}: unknown field {unknown[0]!r}; a line takes id, prompt or "
@@ -93,17 +159,11 @@ def _line(entry: dict, number: int, job: Request, where: str) -> Line:
     try:
         if own:
             sampling = replace(sampling, **own)
-        settings = {k: entry[k] for k in LINE_SETTINGS if k in entry and k not in SAMPLING_KEYS}
-        request = replace(job, prompt=prompt, sampling=sampling, **settings)
-        spec = get_method(request.method)
-        check_arguments(spec, draft_model=False, heads=request.heads is not None,
-                        verify=request.verify, prediction=bool(request.prediction))
-        checked_settings(request)
-        spec.resolve(request.options)
-        if (constraint := request.constraint()) is not None:
-            constraint.grammar()
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
+    settings = {k: entry[k] for k in LINE_SETTINGS if k in entry and k not in SAMPLING_KEYS}
+    request = replace(job, prompt=prompt, sampling=sampling, **settings)
+    _check(request, where)
     return Line(str(entry.get("id", number)), request)
 
 
@@ -119,7 +179,8 @@ def finished_ids(out: Path) -> list[str]:
     ids = []
     for raw in whole.decode("utf-8").splitlines():
         try:
-            ids.append(str(json.loads(raw)["id"]))
+            entry = json.loads(raw)
+            ids.append(str(entry["custom_id"] if "custom_id" in entry else entry["id"]))
         except (ValueError, KeyError, TypeError):
             raise ValueError(f"{out} holds a line that is not a result of longspec batch: "
                              "write to another file, or delete it to start over") from None
@@ -162,13 +223,14 @@ def run_batch(model: Model, lines: list[Line], out: str | Path, progress: bool =
                 continue
             res = s.result          # the whole generation, the resumed tokens included
             checkpoints.finish(res.token_ids, res.finish_reason)
-            ready[number] = (result_line(lines[number - 1].id, res), s)
+            ready[number] = (result_line(lines[number - 1], res, model), s)
             while following in ready:
                 result, finished = ready.pop(following)
                 append_line(out, result)
                 line_sidecar(out, following).unlink(missing_ok=True)
                 if progress:
-                    _report(following, len(lines), result["id"], finished.result.stats)
+                    _report(following, len(lines), lines[following - 1].id,
+                            finished.result.stats)
                 following += 1
                 yield result
     except KeyboardInterrupt:
@@ -193,33 +255,52 @@ def _open_line(model: Model, line: Line, side: Path, every_s: float
     and the token ids it has so far."""
     r = line.request
     settings = {**run_settings(model, r), "batch_id": line.id}
-    prompt_ids = encode_prompt(model, r.prompt)
+    ids = encode_request(model, r)
     record = read_record(side)
     resumed = None
     if record is not None:
         diff = setting_difference(record.settings, settings)
-        if diff is None and record.prompt_ids != prompt_ids:
+        if diff is None and record.prompt_ids != ids:
             diff = "another prompt (its token ids differ)"
         if diff is not None:
             raise ValueError(f"cannot resume line {line.id!r}: {side} was written with {diff}; "
                              "rerun with the job's settings, or delete the sidecar to start "
                              "over")
         resumed = list(record.token_ids)
-    checkpoints = Checkpoints(side, RunRecord(settings, prompt_ids, resumed or [], 0), every_s)
+    checkpoints = Checkpoints(side, RunRecord(settings, ids, resumed or [], 0), every_s)
     s = stream_request(model, replace(r, resume_from=resumed))
     token_ids = list(resumed or [])
     checkpoints.update(token_ids, force=True)
     return s, checkpoints, token_ids
 
 
-def result_line(line_id: str, res: GenerationResult) -> dict:
+def result_line(line: Line, res: GenerationResult, model: Model) -> dict:
     """A line's output: nothing in it depends on the run's timing."""
+    if line.url is not None:
+        return _openai_result(line, res, model)
     usage = {"prompt_tokens": res.prompt_tokens, "completion_tokens": len(res.token_ids)}
     if "prediction" in res.stats:
         usage["accepted_prediction_tokens"] = res.stats["prediction"]["accepted_tokens"]
         usage["rejected_prediction_tokens"] = res.stats["prediction"]["rejected_tokens"]
-    return {"id": line_id, "text": res.text, "token_ids": res.token_ids,
+    return {"id": line.id, "text": res.text, "token_ids": res.token_ids,
             "finish_reason": res.finish_reason, "usage": usage}
+
+
+def _openai_result(line: Line, res: GenerationResult, model: Model) -> dict:
+    """OpenAI's output line for a Batch API line: the completion as the server writes it."""
+    from .serve.responses import Shape
+    from .tools import checked_tools
+
+    r, chat = line.request, OPENAI_URLS[line.url]
+    tools = checked_tools(model, r.tools, r.tool_choice)[0] is not None
+    shape = Shape(chat, line.model_name, [r.seed], False, model.tokenizer,
+                  r.logprobs is not None, tools)
+    body = {**shape.whole([res]), "id": ("chatcmpl-" if chat else "cmpl-") + line.id,
+            "created": 0}
+    del body["speculative"]          # the steps a run took depend on its timing (sizing)
+    return {"id": "batch_req_" + line.id, "custom_id": line.id,
+            "response": {"status_code": 200, "request_id": "req_" + line.id, "body": body},
+            "error": None}
 
 
 def append_line(out: Path, result: dict) -> None:

@@ -25,6 +25,7 @@ from .models.loader import Model
 from .models.prefill import prefill
 from .models.transformer import ForwardOutput, Segment
 from .sampler import Sampler
+from .sampling import token_logprobs
 from .sizing import Sizer, StepCost, Unmeasured, calibration_key
 from .stats import Stats
 from .stopping import StopRules
@@ -62,6 +63,10 @@ class Engine:
         self.method = method
         self.sizer = sizer
         self.forced = 0                          # forced tokens leading this step's tree
+        # each committed token's logprobs (sampling.token_logprobs) with this many
+        # alternatives, when asked for (None: not)
+        self.logprobs_top: int | None = None
+        self.logprobs: list[dict] = []
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -245,6 +250,9 @@ class Engine:
         self.cache.keep(verdict.accepted)
         self.sizer.record(tree, verdict.accepted)
         new = verdict.tokens
+        if self.logprobs_top is not None:
+            self.logprobs += token_logprobs(target.processed, verdict.accepted, new,
+                                            self.logprobs_top)
         self.tokens.extend(new)
         self.sampler.commit(new)
         self.drafter.observe(tree, target, verdict)

@@ -40,9 +40,13 @@ class PenaltyWindow:
 
     def presence(self, tree: DraftTree) -> torch.Tensor:
         """Tokens present [n, vocab] in the window of each node of `tree`."""
+        return self.tree_counts(tree) > 0
+
+    def tree_counts(self, tree: DraftTree) -> torch.Tensor:
+        """Counts [n, vocab] of the tokens in the window of each node of `tree`."""
         shape = tree.shape
         if shape.n == 1:
-            return (self.counts > 0)[None]
+            return self.counts[None]
         counts = self.counts.expand(shape.n, -1).clone()
         # path tokens at depth a (1..d) are in the window of a node at depth d when a > d - W
         path = shape.paths[:, 1:]                       # the root is already committed
@@ -59,12 +63,17 @@ class PenaltyWindow:
             drop = (k[None, :] < slid[:, None]).int()
             leave = upload(leaving, self.device).expand(shape.n, -1)
             counts.scatter_add_(1, leave, -drop)
-        return counts > 0
+        return counts
 
     def presence_after(self, path: list[int]) -> torch.Tensor:
         """Tokens present [1, vocab] in the window of the position after committed + path."""
+        return self.counts_after(path) > 0
+
+    def counts_after(self, path: list[int]) -> torch.Tensor:
+        """Counts [1, vocab] of the tokens in the window of the position after committed +
+        path."""
         if not path:
-            return (self.counts > 0)[None]
+            return self.counts[None]
         counts = self.counts.clone()
         counts.index_add_(0, upload(path[-self.window:], self.device),
                           torch.ones(min(len(path), self.window), dtype=torch.int32,
@@ -75,7 +84,7 @@ class PenaltyWindow:
         if keep_from > start:
             gone = upload(self.tokens[start:keep_from], self.device)
             counts.index_add_(0, gone, -torch.ones_like(gone, dtype=torch.int32))
-        return (counts > 0)[None]
+        return counts[None]
 
     def extended(self, ahead: list[int]) -> PenaltyWindow:
         """A copy that has also committed `ahead` (costs one counts copy and the window)."""

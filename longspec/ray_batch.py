@@ -55,7 +55,7 @@ class BatchActor:
             event = await job.events.get()
         if event.error is not None:
             raise RuntimeError(f"line {line.id}: {event.error}")
-        return result_line(line.id, event.result)
+        return result_line(line, event.result, self.model)
 
 
 def run_batch_ray(address: str, actors: int, model_args: dict, draft_args: dict | None,

@@ -14,8 +14,10 @@ from typing import Any
 from .grammar import Constraint, GrammarState, constraint_of
 from .models.loader import Model
 from .sampling import SamplingConfig
+from .tools import checked_tools, template_messages
 
 MAX_SEED = 2**63 - 1
+MAX_TOP_LOGPROBS = 20      # OpenAI's bound on top_logprobs
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,15 @@ class Request:
     grammar: str | None = None
     choice: Any = None
     response_format: Any = None
+    # each new token's log probability and the `logprobs` likeliest alternatives' (0 .. 20;
+    # None: off): the distribution it was chosen from, the same numbers for every method
+    logprobs: int | None = None
+    # token id -> a number in [-100, 100] added to its logit (OpenAI's logit_bias)
+    logit_bias: Any = None
+    # OpenAI's tools (function definitions, for a chat whose template takes them) and
+    # tool_choice ("none", "auto", "required" or a named function): tools.py
+    tools: Any = None
+    tool_choice: Any = None
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -85,28 +96,48 @@ def checked_settings(r: Request) -> tuple[int, int, SamplingConfig]:
     if r.options is not None and not isinstance(r.options, Mapping):
         raise TypeError(f"options must be a mapping of option names to values, got "
                         f"{type(r.options).__name__}")
+    if r.logprobs is not None:
+        top = as_int(r.logprobs, "logprobs")
+        if not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be 0 .. {MAX_TOP_LOGPROBS} (the alternatives "
+                             f"listed beside each token), got {top}")
+        if r.resume_from is not None:
+            raise ValueError("logprobs cover the tokens a run writes: they do not combine with "
+                             "resume_from")
     for flag in ("ignore_eos", "keep_special", "include_stop"):
         if not isinstance(getattr(r, flag), bool):
             raise TypeError(f"{flag} must be True or False")
     return n, seed, sampling.validate()
 
 
-def _chat_ids(model: Model, messages: list) -> list[int]:
+def _chat_ids(model: Model, messages: list, tools: list | None = None) -> list[int]:
     tok = model.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise ValueError(f"{model.name} has no chat template: pass the prompt as text or ids")
     for m in messages:
+        # an assistant's turn of tool calls may have no content
         if not (isinstance(m, Mapping) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)):
+                and (isinstance(m.get("content"), str)
+                     or (m.get("content") is None and m.get("tool_calls")))):
             raise TypeError('chat messages must be {"role": str, "content": str} mappings, '
                             f"got {m!r}")
-    return list(tok.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False))
+    extra = {} if tools is None else {"tools": tools}
+    return list(tok.apply_chat_template(template_messages(messages), add_generation_prompt=True,
+                                        tokenize=True, return_dict=False, **extra))
 
 
-def encode_prompt(model: Model, prompt) -> list[int]:
+def encode_request(model: Model, r: Request) -> list[int]:
+    """The request's prompt as token ids, its tools rendered by the chat template."""
+    tools, _ = checked_tools(model, r.tools, r.tool_choice)
+    if tools is not None and not (isinstance(r.prompt, (list, tuple)) and r.prompt
+                                  and isinstance(r.prompt[0], Mapping)):
+        raise ValueError("tools go with a chat: pass the prompt as chat messages")
+    return encode_prompt(model, r.prompt, tools)
+
+
+def encode_prompt(model: Model, prompt, tools: list | None = None) -> list[int]:
     """Token ids of a prompt: text (through the tokenizer), chat messages (through its chat
-    template, with the assistant's turn opened), or token ids."""
+    template, with the assistant's turn opened, and `tools` when given), or token ids."""
     if isinstance(prompt, (bytes, bytearray)):
         raise TypeError("the prompt is bytes: decode it to text, or pass token ids as a list")
     if isinstance(prompt, str):
@@ -116,7 +147,7 @@ def encode_prompt(model: Model, prompt) -> list[int]:
             raise ValueError("the prompt is empty")
         ids = list(model.tokenizer(prompt)["input_ids"])
     elif isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], Mapping):
-        ids = _chat_ids(model, list(prompt))
+        ids = _chat_ids(model, list(prompt), tools)
     else:
         try:
             ids = [as_int(t, "prompt token ids") for t in prompt]
@@ -187,10 +218,39 @@ def check_length(model: Model, prompt_len: int, max_new_tokens: int) -> None:
                          f"max_new_tokens to {limit - prompt_len} or less")
 
 
+def logit_bias(model: Model, r: Request):
+    """The request's logit_bias as a dense tensor [vocab] (None without one). Keys are token
+    ids, as integers or as the strings OpenAI's JSON carries."""
+    import torch
+
+    if r.logit_bias is None or (isinstance(r.logit_bias, Mapping) and not r.logit_bias):
+        return None
+    if not isinstance(r.logit_bias, Mapping):
+        raise TypeError("logit_bias must map token ids to numbers")
+    bias = torch.zeros(model.config.vocab_size)
+    for key, value in r.logit_bias.items():
+        try:
+            token = int(key) if isinstance(key, str) else as_int(key, "a logit_bias token id")
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys are token ids, got {key!r}") from None
+        check_vocab(model, [token], "logit_bias")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not -100 <= value <= 100):
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} "
+                             f"for token {token}")
+        bias[token] = float(value)
+    return bias.to(model.device)
+
+
 def checked_grammar(model: Model, r: Request, resumed: list[int]) -> GrammarState | None:
-    """The grammar state of a constrained request (None for free text), its constraint compiled
-    for the model: a ValueError naming what cannot be."""
+    """The grammar state of a constrained request (None for free text): its constraint, or its
+    tool_choice's (tools.py), compiled for the model; a ValueError naming what cannot be."""
     constraint = r.constraint()
+    _, calls = checked_tools(model, r.tools, r.tool_choice)
+    if constraint is not None and calls is not None:
+        raise ValueError("tool_choice holds the output to tool calls: it does not combine with "
+                         "another constraint")
+    constraint = constraint or calls
     if constraint is None:
         return None
     if r.ignore_eos:

@@ -23,12 +23,15 @@ from .penalty import PenaltyWindow
 from .sampling import SamplingConfig, process_logits
 from .tree import DraftTree
 
+WHOLE_OUTPUT = 2**62    # a window that holds every token (the output's counts)
+
 
 class Sampler:
     def __init__(self, config: SamplingConfig, seed: int, prompt_ids: list[int], vocab_size: int,
                  device: torch.device, rejection: bool = False,
-                 grammar: GrammarState | None = None):
-        """`grammar`: the state of the grammar the new tokens must follow, or None."""
+                 grammar: GrammarState | None = None, bias: torch.Tensor | None = None):
+        """`grammar`: the state of the grammar the new tokens must follow, or None; `bias`
+        [vocab]: added to every row's logits (OpenAI's logit_bias), or None."""
         self.config = config
         self.seed = seed
         self.device = device
@@ -42,40 +45,55 @@ class Sampler:
         self.length = 0   # committed tokens, prompt included
         self.prompt_length = len(prompt_ids)
         self.grammar = grammar
+        self.bias = bias
+        # the output's tokens (the prompt's not), counted for frequency and presence penalties
+        self.output = (PenaltyWindow(WHOLE_OUTPUT, vocab_size, device)
+                       if config.counts_output else None)
 
     def commit(self, tokens: list[int]) -> None:
+        output = tokens[max(0, self.prompt_length - self.length):]
         if self.grammar is not None:
-            self.grammar.commit(tokens[max(0, self.prompt_length - self.length):])
+            self.grammar.commit(output)
+        if self.output is not None:
+            self.output.extend(output)
         self.length += len(tokens)
         if self.penalty is not None:
             self.penalty.extend(tokens)
         if self.noise is not None:
             self.noise.forget_before(self.length)
 
-    def _window(self, ahead: list[int]) -> PenaltyWindow | None:
-        if self.penalty is None or not ahead:
-            return self.penalty
-        return self.penalty.extended(ahead)
+    @staticmethod
+    def _ahead(window: PenaltyWindow | None, ahead: list[int]) -> PenaltyWindow | None:
+        """The window as it is once `ahead` is committed too."""
+        if window is None or not ahead:
+            return window
+        return window.extended(ahead)
+
+    def row_inputs(self, tree: DraftTree, ahead: list[int] = ()) -> dict:
+        """process_logits' inputs for the rows after each node of `tree` (a root that is the last
+        of committed + ahead): each path's penalty window and output counts, the grammar's mask
+        at the end of each path, the bias."""
+        ahead = list(ahead)
+        window, output = self._ahead(self.penalty, ahead), self._ahead(self.output, ahead)
+        return {"present": None if window is None else window.presence(tree),
+                "allowed": None if self.grammar is None else self.grammar.tree_masks(tree, ahead),
+                "counts": None if output is None else output.tree_counts(tree),
+                "bias": self.bias}
 
     def tree_choices(self, tree: DraftTree, logits: torch.Tensor,
                      ahead: list[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Processed logits [n, vocab] and the token chosen after each node [n]. The root is the
         last of committed + ahead; a node at depth d predicts position length + len(ahead) + d."""
-        window = self._window(list(ahead))
-        present = window.presence(tree) if window is not None else None
-        processed = process_logits(logits, self.config, present, self.allowed(tree, ahead))
+        processed = process_logits(logits, self.config, **self.row_inputs(tree, ahead))
         return processed, self._choose(processed, tree.shape.depth + self.length + len(ahead))
-
-    def allowed(self, tree: DraftTree, ahead: list[int] = ()) -> torch.Tensor | None:
-        """The tokens the grammar allows after each node [n, vocab]; None without one."""
-        return None if self.grammar is None else self.grammar.tree_masks(tree, ahead)
 
     def chain_choice(self, logits: torch.Tensor, path: list[int]) -> tuple[torch.Tensor, int]:
         """Processed logits [1, vocab] and the token chosen after committed + path: the
         position's Gumbel-max choice, or in rejection mode a fresh sample."""
         present = self.penalty.presence_after(path) if self.penalty is not None else None
         allowed = None if self.grammar is None else self.grammar.mask_after(path)
-        processed = process_logits(logits, self.config, present, allowed)
+        counts = self.output.counts_after(path) if self.output is not None else None
+        processed = process_logits(logits, self.config, present, allowed, self.bias, counts)
         if self.rejection:
             return processed, int(self.sample(processed)[0])
         position = upload([self.length + len(path)], self.device)
@@ -87,7 +105,7 @@ class Sampler:
         """Scores [m, vocab] whose top entries are the likeliest choices at depths
         first_depth .. first_depth + m - 1 below the root (all at first_depth when
         `same_depth`: tree nodes of one level): processed logits (penalty over the committed
-        window) plus, when sampling, each position's own Gumbel noise, so that a drafter
+        window, the bias) plus, when sampling, each position's own Gumbel noise, so that a drafter
         guessing from an approximate distribution aims at the token the target will actually
         pick. With `columns` (token ids [c]) the logits [m, c] are of those tokens only, and
         so are the scores."""
@@ -97,7 +115,8 @@ class Sampler:
             present = self.penalty.presence_after([]).expand(m, -1)
             if columns is not None:
                 present = present[:, columns]
-        scores = process_logits(logits, self.config, present)
+        bias = self.bias if self.bias is None or columns is None else self.bias[columns]
+        scores = process_logits(logits, self.config, present, bias=bias)
         if noise and self.noise is not None:
             depths = (torch.zeros(m, dtype=torch.long, device=self.device) if same_depth
                       else torch.arange(m, device=self.device))
@@ -128,15 +147,19 @@ def choices_together(samplers: list[Sampler], trees: list[DraftTree], logits: to
     noise is keyed by each row's generation (gumbel_keyed). The samplers share one
     SamplingConfig."""
     config = samplers[0].config
-    present = allowed = None
-    if config.uses_penalty:
-        present = torch.cat([s.penalty.presence(t) for s, t in zip(samplers, trees)])
-    if any(s.grammar is not None for s in samplers):
-        masks = [s.allowed(t) for s, t in zip(samplers, trees)]
-        allowed = torch.cat([torch.ones(t.n, logits.shape[-1], dtype=torch.bool,
-                                        device=logits.device) if m is None else m
-                             for m, t in zip(masks, trees)])
-    processed = process_logits(logits, config, present, allowed)
+    rows = [s.row_inputs(t) for s, t in zip(samplers, trees)]
+    vocab, device = logits.shape[-1], logits.device
+    # where a member has none of an input, its neutral value
+    neutral = {"present": lambda n: torch.zeros(n, vocab, dtype=torch.bool, device=device),
+               "allowed": lambda n: torch.ones(n, vocab, dtype=torch.bool, device=device),
+               "counts": lambda n: torch.zeros(n, vocab, dtype=torch.int32, device=device),
+               "bias": lambda n: torch.zeros(n, vocab, device=device)}
+    inputs = {}
+    for key, make in neutral.items():
+        if any(r[key] is not None for r in rows):
+            inputs[key] = torch.cat([make(t.n) if r[key] is None else r[key].expand(t.n, -1)
+                                     for r, t in zip(rows, trees)])
+    processed = process_logits(logits, config, **inputs)
     if config.greedy:
         return processed, processed.argmax(dim=-1)
     positions = torch.cat([t.shape.depth + s.length for s, t in zip(samplers, trees)])

@@ -1,7 +1,8 @@
 """Sampling: one logits-processing function and position-keyed Gumbel-max selection.
 
 Processing order, used by plain decoding, by drafters and by verification alike:
-grammar mask -> contextual penalty -> temperature -> top-k -> top-p -> min-p -> eta.
+grammar mask -> logit bias -> contextual penalty -> frequency and presence penalties ->
+temperature -> top-k -> top-p -> min-p -> eta.
 
 The sample for absolute position t is argmax(processed logits + g_t), where the Gumbel noise
 g_t depends on (seed, prompt, t) only (noise.py). Plain decoding and tree verification
@@ -27,6 +28,10 @@ class SamplingConfig:
     eta: float = 0.0            # eta sampling threshold (Hewitt et al.); 0 = off
     penalty: float = 1.0        # contextual penalty theta on tokens in the window; 1 = off
     penalty_window: int = 1024  # tokens the contextual penalty looks back over
+    # OpenAI's penalties over the tokens generated so far: a token's logit less
+    # frequency_penalty times its count and presence_penalty once it occurs; in [-2, 2]
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -35,6 +40,11 @@ class SamplingConfig:
     @property
     def uses_penalty(self) -> bool:
         return self.penalty != 1.0
+
+    @property
+    def counts_output(self) -> bool:
+        """Whether the output's token counts matter (frequency or presence penalty)."""
+        return self.frequency_penalty != 0 or self.presence_penalty != 0
 
     def validate(self) -> SamplingConfig:
         """Raise ValueError naming the first setting out of range; return self."""
@@ -52,6 +62,8 @@ class SamplingConfig:
             ("penalty", self.penalty > 0, "> 0 (1 is off)"),
             ("penalty_window", self.penalty_window >= 1 and float(self.penalty_window).is_integer(),
              "a whole number >= 1"),
+            ("frequency_penalty", -2 <= self.frequency_penalty <= 2, "in [-2, 2]"),
+            ("presence_penalty", -2 <= self.presence_penalty <= 2, "in [-2, 2]"),
         ]
         for name, ok, rule in checks:
             if not ok:
@@ -68,15 +80,22 @@ def apply_penalty(logits: torch.Tensor, present: torch.Tensor, theta: float) -> 
 
 def process_logits(logits: torch.Tensor, cfg: SamplingConfig,
                    present: torch.Tensor | None = None,
-                   allowed: torch.Tensor | None = None) -> torch.Tensor:
+                   allowed: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                   counts: torch.Tensor | None = None) -> torch.Tensor:
     """The one logits-processing function. logits [n, vocab] -> processed fp32 logits, with
     removed tokens at -inf. `present` [n, vocab] marks tokens in each row's penalty window,
-    `allowed` [n, vocab] the tokens a grammar allows after each row (grammar.py)."""
+    `allowed` [n, vocab] the tokens a grammar allows after each row (grammar.py), `bias`
+    [vocab] or [n, vocab] is added (OpenAI's logit_bias), `counts` [n, vocab] counts each
+    token in the output before each row (frequency and presence penalties)."""
     x = logits.float()
     if allowed is not None:
         x = x.masked_fill(~allowed, float("-inf"))
+    if bias is not None:
+        x = x + bias
     if present is not None and cfg.uses_penalty:
         x = apply_penalty(x, present, cfg.penalty)
+    if counts is not None and cfg.counts_output:
+        x = x - (cfg.frequency_penalty * counts + cfg.presence_penalty * (counts > 0))
     if cfg.greedy:
         return x
     if cfg.temperature != 1.0:
@@ -99,6 +118,26 @@ def process_logits(logits: torch.Tensor, cfg: SamplingConfig,
         remove.scatter_(-1, probs.argmax(dim=-1, keepdim=True), False)
         x = x.masked_fill(remove, neg_inf)
     return x
+
+
+# OpenAI's floor for a log probability that is -inf (a token the processing removed): JSON has no
+# infinity
+LOGPROB_FLOOR = -9999.0
+
+
+def token_logprobs(processed: torch.Tensor, rows: list[int], tokens: list[int], top: int
+                   ) -> list[dict]:
+    """Each committed token's log probability under its row of processed logits (the
+    distribution it was chosen from, temperature and filters applied; greedy: the logits after
+    the mask and the penalty), and the `top` likeliest tokens' (OpenAI's logprobs and
+    top_logprobs): [{"token", "logprob", "top": [[token, logprob], ...]}]."""
+    index = torch.tensor(rows, device=processed.device)
+    logprobs = torch.log_softmax(processed[index], dim=-1).clamp_min(LOGPROB_FLOOR)
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=processed.device)[:, None])[:, 0]
+    values, ids = logprobs.topk(top, dim=-1) if top else (chosen[:, None][:, :0],) * 2
+    chosen, values, ids = chosen.tolist(), values.tolist(), ids.tolist()
+    return [{"token": t, "logprob": lp, "top": [list(pair) for pair in zip(i, v)]}
+            for t, lp, i, v in zip(tokens, chosen, ids, values)]
 
 
 # On a CPU, torch's full sort of the vocabulary costs ~0.6 ms a row; the nucleus usually lies

@@ -80,6 +80,10 @@ def run_settings(model: Model, request: Request) -> dict:
         "seed": r.seed,
         "stop": _stop_list(r.stop),
         "grammar": None if (constraint := r.constraint()) is None else constraint.grammar(),
+        "tools": r.tools,
+        "tool_choice": r.tool_choice,
+        "logit_bias": None if r.logit_bias is None else {str(k): v
+                                                          for k, v in r.logit_bias.items()},
         "ignore_eos": r.ignore_eos,
         "max_new_tokens": r.max_new_tokens,
         "keep_special": r.keep_special,

@@ -128,6 +128,14 @@ def test_bad_input_is_refused_naming_the_line(tmp_path, capsys):
                  "line 1: method 'heads' drafts nothing from a prediction",
              '{"prompt": "a", "temperature": -1}\n': "line 1: ",
              '{"prompt": "a", "max_new_tokens": 0}\n': "line 1: max_new_tokens must be",
+             '{"custom_id": "a", "url": "/v1/embeddings", "body": {}}\n':
+                 "line 1: an OpenAI batch line POSTs to",
+             '{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m"}}\n':
+                 "line 1: body.prompt",
+             '{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m", '
+             '"prompt": "x", "n": 2}}\n': "n 1, stream false",
+             '{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m", '
+             '"prompt": "x", "echo": true}}\n': "echo=True is not supported",
              "\n": "holds no prompt"}
     for text, message in cases.items():
         path = tmp_path / "p.jsonl"
@@ -142,6 +150,40 @@ def test_bad_input_is_refused_naming_the_line(tmp_path, capsys):
         list(run_batch(model, lines, out))
     assert main(["batch", "demo", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_openai_batch_api_lines_get_openais_output_lines(tmp_path, model):
+    """Lines of OpenAI's Batch API (custom_id, method, url, body with max_tokens and the rest)
+    beside longspec's own; each output line is OpenAI's, its body what the server returns, its
+    tokens what `generate` writes; run again, the same file."""
+    lines = [{"custom_id": "req-1", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "demo", "prompt": "def parse(text):\n", "max_tokens": 20,
+                       "temperature": 0.8, "seed": 9, "logprobs": 1}},
+             {"custom_id": "req-2", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "demo", "prompt": "A date: ", "max_tokens": 24,
+                       "structured_outputs": {"regex": "[0-9]{4}-[0-9]{2}-[0-9]{2}"}}},
+             {"prompt": "import os\n", "max_new_tokens": 8}]
+    prompts = write_prompts(tmp_path / "prompts.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    assert batch(prompts, out) == 0
+    first, second, own = [json.loads(raw) for raw in out.read_text().splitlines()]
+    assert first["custom_id"] == "req-1" and first["error"] is None
+    response = first["response"]
+    assert response["status_code"] == 200
+    body = response["body"]
+    assert body["object"] == "text_completion" and body["id"] == "cmpl-req-1"
+    ref = longspec.generate(model, "def parse(text):\n", max_new_tokens=20, seed=9,
+                            sampling=longspec.SamplingConfig(temperature=0.8), logprobs=1)
+    assert body["choices"][0]["text"] == ref.text
+    assert body["choices"][0]["logprobs"]["token_logprobs"] == [
+        lp["logprob"] for lp in ref.logprobs]
+    assert body["usage"]["completion_tokens"] == len(ref.token_ids)
+    date = second["response"]["body"]["choices"][0]["text"]
+    assert len(date) == 10 and date[4] == date[7] == "-"
+    assert own["id"] == "3" and "custom_id" not in own
+    again = tmp_path / "again.jsonl"
+    assert batch(prompts, again) == 0
+    assert again.read_text() == out.read_text()
 
 
 @pytest.mark.slow

@@ -18,8 +18,25 @@ from serving import ServerThread
 import longspec
 from longspec.serve import ServeConfig, default_method
 
-TEMPLATE = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
+# a chat template that takes tools and writes calls as Hermes-style blocks (as Qwen2.5's does)
+TEMPLATE = (
+    "{% if tools %}<|endoftext|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
+    "\nCall one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call>\n{% endif %}"
+    "{% for m in messages %}<|endoftext|>{{ m['role'] }}\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n{\"name\": \""
+    "{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n"
+    "</tool_call>\n{% endfor %}{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"type": "string", "maxLength": 12},
+                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}},
+    {"type": "function", "function": {
+        "name": "search", "parameters": {"type": "object", "required": ["query"],
+                                         "additionalProperties": False,
+                                         "properties": {"query": {"type": "string",
+                                                                  "maxLength": 16}}}}}]
 MESSAGES = [{"role": "system", "content": "Write Python."},
             {"role": "user", "content": "A function that parses a date."}]
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "seed": 11,
@@ -190,8 +207,12 @@ CHAT = {"model": "demo-chat", "messages": MESSAGES, "max_tokens": 4}
     ("/v1/completions", {**GOOD, "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {**GOOD, "seed": -1}, 400, "seed"),
     ("/v1/completions", {**GOOD, "stop": 5}, 400, "stop"),
-    ("/v1/completions", {**GOOD, "n": 2}, 400, "n"),
-    ("/v1/completions", {**GOOD, "logprobs": 3}, 400, "logprobs"),
+    ("/v1/completions", {**GOOD, "n": 17}, 400, "n"),
+    ("/v1/completions", {**GOOD, "logprobs": 6}, 400, "logprobs"),
+    ("/v1/completions", {**GOOD, "tools": TOOLS}, 400, "tools"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}}, 400, None),
     ("/v1/completions", {**GOOD, "model": "gpt-4o"}, 404, "model"),
     ("/v1/completions", {**GOOD, "method": "nope"}, 400, None),
     ("/v1/completions", {**GOOD, "method": "pld", "options": {"max_nodes": 0}}, 400, None),
@@ -397,3 +418,80 @@ def test_bad_constraints_are_refused_with_openais_error_body(server, body, messa
     assert status == 400, payload
     assert set(payload["error"]) == {"message", "type", "param", "code"}
     assert message in payload["error"]["message"]
+
+
+def test_n_choices_each_equal_their_seeds_request_alone(client, model):
+    res = client.chat.completions.create(model="demo-chat", messages=MESSAGES, max_tokens=16,
+                                         n=3, seed=7, temperature=0.9,
+                                         extra_body={"return_token_ids": True})
+    assert [c.index for c in res.choices] == [0, 1, 2]
+    for c in res.choices:
+        assert c.model_extra["seed"] == 7 + c.index
+        ref = longspec.generate(model, MESSAGES, max_new_tokens=16, seed=7 + c.index,
+                                sampling=longspec.SamplingConfig(temperature=0.9))
+        assert c.model_extra["token_ids"] == ref.token_ids
+    assert res.usage.completion_tokens == sum(len(c.model_extra["token_ids"])
+                                              for c in res.choices)
+    chunks = client.chat.completions.create(model="demo-chat", messages=MESSAGES, max_tokens=16,
+                                            n=3, seed=7, temperature=0.9, stream=True)
+    texts = ["", "", ""]
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts == [c.message.content for c in res.choices]
+
+
+def test_logprobs_are_the_librarys(client, model):
+    res = client.chat.completions.create(model="demo-chat", messages=MESSAGES, max_tokens=12,
+                                         temperature=0.7, seed=3, logprobs=True, top_logprobs=2,
+                                         extra_body={"method": "auto"})
+    ref = longspec.generate(model, MESSAGES, max_new_tokens=12, seed=3, method="ar",
+                            sampling=longspec.SamplingConfig(temperature=0.7), logprobs=2)
+    content = res.choices[0].logprobs.content
+    assert [t.logprob for t in content] == [lp["logprob"] for lp in ref.logprobs]
+    assert all(len(t.top_logprobs) == 2 for t in content)
+    plain = client.completions.create(model="demo-chat", prompt="import os\n", max_tokens=6,
+                                      temperature=0, logprobs=1)
+    assert len(plain.choices[0].logprobs.token_logprobs) == plain.usage.completion_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_are_parsed_by_the_client_and_taken_back(client, model, stream):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    res = client.chat.completions.create(model="demo-chat", messages=asked, max_tokens=64,
+                                         temperature=0, tools=TOOLS, tool_choice=choice,
+                                         stream=stream)
+    if stream:
+        calls, reason = {}, None
+        for chunk in res:
+            for c in chunk.choices:
+                reason = c.finish_reason or reason
+                for call in c.delta.tool_calls or []:
+                    calls[call.index] = call
+        calls = [calls[i] for i in sorted(calls)]
+    else:
+        reason, calls = res.choices[0].finish_reason, res.choices[0].message.tool_calls
+    assert reason == "tool_calls" and len(calls) == 1
+    assert calls[0].function.name == "get_weather" and calls[0].id.startswith("call_")
+    arguments = json.loads(calls[0].function.arguments)
+    assert set(arguments) <= {"city", "days"} and "city" in arguments
+    ref = longspec.generate(model, asked, max_new_tokens=64, method="ar", tools=TOOLS,
+                            tool_choice=choice, sampling=longspec.SamplingConfig(temperature=0))
+    assert ref.finish_reason == "tool_calls"
+    assert [c["function"]["arguments"] for c in ref.tool_calls] == [calls[0].function.arguments]
+    # the next turn takes the call and its answer back
+    turn = asked + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": calls[0].id, "type": "function", "function": {
+            "name": "get_weather", "arguments": calls[0].function.arguments}}]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "Sunny, 21 C."}]
+    answer = client.chat.completions.create(model="demo-chat", messages=turn, max_tokens=8,
+                                            temperature=0, tools=TOOLS)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_tools_are_refused_for_a_model_whose_template_takes_none():
+    demo = longspec.load_model("demo", dtype="float32", device="cpu")
+    demo.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="takes no tools"):
+        longspec.generate(demo, MESSAGES, max_new_tokens=4, tools=TOOLS)

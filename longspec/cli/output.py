@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..api import Chunk, Stream
 from ..models.loader import Model
-from ..request import Request, encode_prompt
+from ..request import Request, encode_request
 from ..sidecar import Checkpoints, RunRecord, read_record, run_settings, setting_difference
 from ..sidecar import sidecar_path as sidecar_of
 
@@ -35,7 +35,7 @@ class RunOutput:
         `allow_profile_change`); nothing is written yet."""
         out, side = Path(path), sidecar_of(path)
         settings = run_settings(model, request)
-        prompt_ids = encode_prompt(model, request.prompt)
+        ids = encode_request(model, request)
         record = read_record(side)
         info = {"model_path": str(model.path), "device": str(model.device)}
         if record is None or (record.finished and not resume):
@@ -43,13 +43,13 @@ class RunOutput:
                 print(f"longspec: no run to resume at {side}; starting a new one",
                       file=sys.stderr)
             prefix = out.stat().st_size if out.exists() else 0
-            fresh = RunRecord(settings, prompt_ids, [], prefix, info=info)
+            fresh = RunRecord(settings, ids, [], prefix, info=info)
             return cls(out, Checkpoints(side, fresh, every_s), None)
         if not resume:
             raise ValueError(f"{side} holds an unfinished run: pass --resume to continue it, or "
                              "delete the sidecar to start over")
         diff = setting_difference(record.settings, settings, not allow_profile_change)
-        if diff is None and record.prompt_ids != prompt_ids:
+        if diff is None and record.prompt_ids != ids:
             diff = "another prompt (its token ids differ)"
         if diff is not None:
             raise ValueError(f"cannot resume: {side} was written with {diff}; rerun with the "

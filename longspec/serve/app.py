@@ -13,7 +13,6 @@ body (not a truncated completion it could mistake for a whole one); a streaming 
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from contextlib import asynccontextmanager
 
@@ -23,17 +22,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..api import Stream, stream
-from ..drafters import METHODS
 from ..models.loader import Model
 from ..request import encode_prompt
-from ..sampling import SamplingConfig
+from ..tools import checked_tools
 from .config import ServeConfig
 from .metrics import PROMETHEUS_TYPE, ApiKeyMiddleware, Metrics, MetricsMiddleware
 from .responses import APIError, Shape, error_body, failure_body, sse, timeout_body
-from .schemas import MAX_SEED, ChatBody, CompletionBody, GenerationBody, parts_text
+from .schemas import MAX_SEED, ChatBody, CompletionBody, GenerationBody
+from .translate import Defaults, body_settings
 from .worker import Finished, Job, QueueFull, Worker
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
 POLL_S = 0.25       # how often a waiting handler looks at its client and its deadline
 
 
@@ -55,56 +53,15 @@ class Server:
         if body.model != cfg.model_name:
             raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
                            f"{cfg.model_name!r}", param="model", code="model_not_found")
-        if body.n != 1:
-            raise APIError(400, f"n must be 1, got {body.n}: longspec generates one sequence "
-                           "per request", param="n")
-        bad = body.unsupported()
-        if bad is not None:
-            raise APIError(400, f"{bad[0]}={bad[1]!r} is not supported by longspec; leave it "
-                           "out", param=bad[0])
-        if chat:
-            try:
-                prompt = [{"role": m.role, "content": m.text()} for m in body.messages]
-            except ValueError as e:
-                raise APIError(400, str(e), param="messages") from None
-            max_tokens = body.max_completion_tokens or body.max_tokens
-        else:
-            prompt = body.prompt
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-                if len(prompt) != 1:
-                    raise APIError(400, f"one prompt per request, got {len(prompt)}",
-                                   param="prompt")
-                prompt = prompt[0]
-            max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
-        sampling = SamplingConfig(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0,
-            penalty=body.repetition_penalty or 1.0,
-            penalty_window=body.penalty_window or SamplingConfig.penalty_window)
-        try:
-            prediction = None if body.prediction is None else parts_text(body.prediction.content)
-        except ValueError as e:
-            raise APIError(400, str(e), param="prediction") from None
-        try:
-            constraint = body.constraint()
-        except ValueError as e:
-            raise APIError(400, str(e), param="response_format") from None
-        method = body.method or cfg.method
-        spec = METHODS.get(method)
-        return prompt, {
-            "max_new_tokens": max_tokens, "method": method, "sampling": sampling,
-            "seed": secrets.randbelow(MAX_SEED + 1) if body.seed is None else body.seed,
-            "stop": body.stop, "ignore_eos": body.ignore_eos, "options": body.options,
-            "draft_model": cfg.draft_model if spec and spec.needs_draft_model else None,
-            "heads": cfg.heads if spec and spec.needs_heads else None,
-            "prediction": prediction, **constraint}
+        return body_settings(body, chat, Defaults(cfg.method, cfg.draft_model, cfg.heads))
 
     def open(self, prompt, settings: dict) -> Stream:
         """longspec's checks and the engine, built; nothing runs (called on the worker's
         thread, where everything that runs the model runs)."""
         if settings["max_new_tokens"] is None:
-            used = len(encode_prompt(self.model, prompt))
+            tools, _ = checked_tools(self.model, settings.get("tools"),
+                                     settings.get("tool_choice"))
+            used = len(encode_prompt(self.model, prompt, tools))
             room = self.model.config.context_limit - used
             settings["max_new_tokens"] = max(1, min(room, self.config.default_max_tokens))
         return stream(self.model, prompt, **settings)
@@ -114,34 +71,45 @@ class Server:
     async def generate(self, request: Request, body: GenerationBody, chat: bool) -> Response:
         arrived = time.monotonic()
         prompt, settings = self.settings(body, chat)
-        if self.worker.queue.full():        # refuse before building anything (checked again)
+        # choice i samples with seed + i (the response names each one's)
+        seeds = [(settings["seed"] + i) % (MAX_SEED + 1) for i in range(body.n)]
+        if body.n > self.config.max_queue:
+            raise APIError(400, f"n={body.n} choices cannot wait in this server's queue of "
+                           f"{self.config.max_queue}; ask for fewer", param="n")
+        if self.worker.room() < body.n:     # refuse before building anything (checked again)
             raise self.queue_full()
         try:
-            s = await asyncio.wrap_future(self.worker.call(lambda: self.open(prompt, settings)))
+            streams = await asyncio.wrap_future(self.worker.call(
+                lambda: [self.open(prompt, {**settings, "seed": seed}) for seed in seeds]))
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e)) from None
-        job = Job(s, arrived + self.config.request_timeout, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        jobs = [Job(s, arrived + self.config.request_timeout, loop) for s in streams]
         try:
-            self.worker.submit(job)
+            self.worker.submit_all(jobs)
         except QueueFull:
-            s.close()
+            for s in streams:
+                s.close()
             raise self.queue_full() from None
-        shape = Shape(chat, self.config.model_name, settings["seed"], body.return_token_ids)
+        shape = Shape(chat, self.config.model_name, seeds, body.return_token_ids,
+                      self.model.tokenizer, settings["logprobs"] is not None,
+                      tools=streams[0].tools)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(self.events(job, shape, usage),
+            return StreamingResponse(self.events(jobs, shape, usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        end = await self.wait(job, request)
-        if end is None:
+        ends = await asyncio.gather(*(self.wait(job, request) for job in jobs))
+        if any(end is None for end in ends):
             return Response(status_code=499)     # the client left; nobody reads this
-        if end.error is not None:
-            return JSONResponse(failure_body(end.error), status_code=500)
-        if end.result is None and not end.timed_out:
+        for end in ends:
+            if end.error is not None:
+                return JSONResponse(failure_body(end.error), status_code=500)
+        if any(end.result is None and not end.timed_out for end in ends):
             return JSONResponse(error_body("the server is shutting down", "server_error"), 503)
-        if end.timed_out:
+        if any(end.timed_out for end in ends):
             return JSONResponse(timeout_body(self.config.request_timeout), status_code=504)
-        return JSONResponse(shape.whole(end.result))
+        return JSONResponse(shape.whole([end.result for end in ends]))
 
     def queue_full(self) -> APIError:
         return APIError(503, f"the queue is full ({self.config.max_queue} requests wait "
@@ -175,27 +143,44 @@ class Server:
         finally:
             job.cancel()        # a no-op once the job has finished
 
-    async def events(self, job: Job, shape: Shape, include_usage: bool):
-        """Server-sent events of a streamed response. A client that disconnects ends this
-        generator (cancelled or closed), and the `finally` cancels the job."""
+    async def events(self, jobs: list[Job], shape: Shape, include_usage: bool):
+        """Server-sent events of a streamed response, its choices' chunks as they come. A
+        client that disconnects ends this generator (cancelled or closed), and the `finally`
+        cancels the jobs; a choice that fails ends the response with an error event."""
+        waiting: dict[asyncio.Future, int] = {}
         try:
             if shape.chat:
-                yield sse(shape.chunk(token_ids=[], first=True))
-            while not isinstance(item := await self.next_event(job), Finished):
-                if item is not None and (item.text or shape.token_ids):
-                    yield sse(shape.chunk(item.text, item.token_ids))
-            if item.error is not None:
-                yield sse(failure_body(item.error))
-            elif item.timed_out or item.result is None:
-                yield sse(timeout_body(self.config.request_timeout) if item.timed_out
-                          else error_body("the server is shutting down", "server_error"))
-            else:
-                yield sse(shape.last_chunk(item.result))
-                if include_usage:
-                    yield sse(shape.usage_chunk(item.result))
+                for i in range(len(jobs)):
+                    yield sse(shape.chunk(i, token_ids=[], first=True))
+            waiting = {asyncio.ensure_future(self.next_event(job)): i
+                       for i, job in enumerate(jobs)}
+            results = [None] * len(jobs)
+            while waiting:
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    i, item = waiting.pop(future), future.result()
+                    if not isinstance(item, Finished):
+                        if item is not None and (item.text or shape.token_ids):
+                            yield sse(shape.chunk(i, item.text, item.token_ids, item.logprobs))
+                        waiting[asyncio.ensure_future(self.next_event(jobs[i]))] = i
+                    elif item.error is not None or item.timed_out or item.result is None:
+                        yield sse(failure_body(item.error) if item.error is not None
+                                  else timeout_body(self.config.request_timeout)
+                                  if item.timed_out
+                                  else error_body("the server is shutting down", "server_error"))
+                        yield sse("[DONE]")
+                        return
+                    else:
+                        results[i] = item.result
+                        yield sse(shape.last_chunk(i, item.result))
+            if include_usage:
+                yield sse(shape.usage_chunk(results))
             yield sse("[DONE]")
         finally:
-            job.cancel()
+            for future in waiting:
+                future.cancel()
+            for job in jobs:
+                job.cancel()
 
 
 def _field_path(err: dict) -> list[str]:

@@ -19,13 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_SEED = 2**63 - 1
 
+MAX_N = 16      # choices a request may ask for
 # field -> its neutral values, accepted (and ignored)
-UNSUPPORTED = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
-    "best_of": (None, 1), "suffix": (None, ""), "frequency_penalty": (None, 0),
-    "presence_penalty": (None, 0), "logit_bias": (None, {}), "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-}
+UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
 # vLLM's structured_outputs keys -> the Request setting each one is
 STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choice",
                       "grammar": "grammar"}
@@ -72,7 +68,10 @@ class GenerationBody(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # longspec's
@@ -116,6 +115,11 @@ class GenerationBody(BaseModel):
 
 class CompletionBody(GenerationBody):
     prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(None, ge=0, le=5)
+
+    def top_logprobs_asked(self) -> int | None:
+        """The alternatives listed beside each token; None: no logprobs."""
+        return self.logprobs
 
 
 class Message(BaseModel):
@@ -131,7 +135,30 @@ class Message(BaseModel):
             return ""
         return parts_text(self.content)
 
+    def for_template(self) -> dict:
+        """The message as the chat template takes it: its text, and an assistant's tool calls
+        or a tool's answer with their ids."""
+        out = {"role": self.role, "content": self.text()}
+        extra = self.model_extra or {}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if extra.get(key) is not None:
+                out[key] = extra[key]
+        return out
+
 
 class ChatBody(GenerationBody):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+
+    def top_logprobs_asked(self) -> int | None:
+        """The alternatives listed beside each token; None: no logprobs (ValueError for
+        top_logprobs without logprobs, as OpenAI refuses it)."""
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise ValueError("top_logprobs needs logprobs: true")
+            return None
+        return self.top_logprobs or 0

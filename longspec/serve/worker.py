@@ -97,6 +97,7 @@ class Worker:
         self._began: dict[int, float] = {}       # by id(job): when it joined
         self._calls: queue.SimpleQueue = queue.SimpleQueue()    # (function, Future)
         self._wake = threading.Event()
+        self._submitting = threading.Lock()
         self._stopping = False
         self.thread = threading.Thread(target=self._loop, name="longspec-generate", daemon=True)
         self.thread.start()
@@ -104,11 +105,21 @@ class Worker:
     def waiting(self) -> int:
         return self.queue.qsize()
 
+    def room(self) -> int:
+        """Jobs the queue takes now."""
+        return self.queue.maxsize - self.queue.qsize()
+
     def submit(self, job: Job) -> None:
-        try:
-            self.queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull from None
+        self.submit_all([job])
+
+    def submit_all(self, jobs: list[Job]) -> None:
+        """Queue the jobs (a request's choices), all or none: QueueFull when they do not all
+        fit."""
+        with self._submitting:
+            if self.room() < len(jobs):
+                raise QueueFull
+            for job in jobs:
+                self.queue.put_nowait(job)
         self._wake.set()
 
     def call(self, function: Callable[[], T]) -> Future[T]:

@@ -1,0 +1,91 @@
+"""OpenAI's per-token fields under speculation: logprobs (the distribution each token was chosen
+from) are the same numbers for every method; logit_bias and the frequency and presence
+penalties (over the output so far, each tree node's own path counted) leave every method's
+tokens those of plain decoding, alone and in a batch."""
+
+import pytest
+from test_lossless import OPTIONS, models
+
+import longspec
+from longspec.batching import run_batch
+
+pytestmark = pytest.mark.usefixtures("costs_that_pay")
+
+S = longspec.SamplingConfig
+SAMPLINGS = {
+    "greedy": S(temperature=0, frequency_penalty=0.8, presence_penalty=0.4),
+    "sampled": S(temperature=0.9, top_p=0.95, frequency_penalty=0.5, presence_penalty=-0.3),
+}
+BIAS = {"29": -100, 300: 4.5, 1000: -2}
+PROMPT = "def parse(text):"
+METHODS = ["auto", "suffix", "pld", "recycling", "tokenswift", "draft", "triforce"]
+
+
+def run(method: str, sampling: str, **extra):
+    target, draft = models()
+    return longspec.generate(target, PROMPT, max_new_tokens=80, method=method,
+                             sampling=SAMPLINGS[sampling], seed=4, ignore_eos=True,
+                             logit_bias=BIAS, logprobs=3, options=OPTIONS.get(method),
+                             draft_model=draft if method in ("draft", "triforce") else None,
+                             **extra)
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("method", METHODS)
+def test_logprobs_bias_and_penalties_match_ar(method, sampling):
+    expect, got = run("ar", sampling), run(method, sampling)
+    assert got.token_ids == expect.token_ids
+    assert got.logprobs == expect.logprobs
+    assert got.stats["drafted_tokens"] > 0         # drafts were verified
+
+
+def test_logprobs_name_each_token_and_its_likeliest_alternatives():
+    res = run("auto", "greedy")
+    assert [lp["token"] for lp in res.logprobs] == res.token_ids
+    for lp in res.logprobs:
+        assert len(lp["top"]) == 3 and lp["top"][0][1] >= lp["logprob"]
+        assert lp["top"][0][0] == lp["token"]           # greedy: the likeliest token
+    assert 29 not in res.token_ids                     # biased away
+
+
+def test_the_penalties_count_the_output_only():
+    """A prompt's tokens do not count: with the prompt's tokens barred by a huge presence
+    penalty the output could not start as the prompt does; it does, as without penalties."""
+    target, _ = models()
+    ids = target.tokenizer(PROMPT)["input_ids"]
+    free = longspec.generate(target, ids + ids, max_new_tokens=len(ids),
+                             sampling=S(temperature=0), method="ar", ignore_eos=True)
+    penalized = longspec.generate(target, ids + ids, max_new_tokens=len(ids), method="ar",
+                                  sampling=S(temperature=0, presence_penalty=2),
+                                  ignore_eos=True)
+    assert penalized.token_ids[0] == free.token_ids[0]
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_in_a_batch_each_member_matches_ar_alone(together, monkeypatch):
+    monkeypatch.setattr("longspec.batching.samples_together", lambda device: together)
+    target, _ = models()
+    biases = [BIAS, None, {"300": -100}]
+    alone = [longspec.generate(target, PROMPT, max_new_tokens=48, method="ar",
+                               sampling=SAMPLINGS["sampled"], seed=4 + i, logit_bias=b,
+                               logprobs=2) for i, b in enumerate(biases)]
+    streams = [longspec.api.stream_request(target, longspec.Request(
+        PROMPT, max_new_tokens=48, method="auto", sampling=SAMPLINGS["sampled"], seed=4 + i,
+        logit_bias=b, logprobs=2)) for i, b in enumerate(biases)]
+    for _ in run_batch(target, streams, 3):
+        pass
+    assert [s.result.token_ids for s in streams] == [r.token_ids for r in alone]
+    assert [s.result.logprobs for s in streams] == [r.logprobs for r in alone]
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"logit_bias": {"x": 1}}, "token ids"),
+    ({"logit_bias": {5: 101}}, "[-100, 100]"),
+    ({"logit_bias": {10**9: 1}}, "outside the vocabulary"),
+    ({"logprobs": 21}, "logprobs must be 0 .. 20"),
+    ({"sampling": S(frequency_penalty=3)}, "frequency_penalty must be in [-2, 2]"),
+])
+def test_bad_fields_are_refused(settings, message):
+    target, _ = models()
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        longspec.generate(target, PROMPT, max_new_tokens=4, **settings)
