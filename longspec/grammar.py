@@ -33,10 +33,11 @@ from .memory import upload
 from .tree import FORCED, DraftTree, TreeShape
 
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
-# JSON is written without blanks between its tokens but those after "," and ":" (as OpenAI's
-# structured outputs write it): free whitespace lets an output spend its tokens on blanks, and
-# keeps the grammar from forcing the keys and punctuation it would otherwise force.
-JSON_OPTIONS = {"whitespace_flexible": False}
+# Whitespace a JSON output may put between its tokens: none, a space, or a new line and its
+# indentation (llama.cpp's JSON grammars allow the same). Unbounded whitespace lets a sampled
+# output spend its tokens on blanks; none at all (compact JSON) turned Qwen2.5-Coder-1.5B's
+# extraction of 22 records into an empty list, where it writes them all when it may indent.
+JSON_OPTIONS = {"whitespace_pattern": r"( |\n[ \t]{0,20})?"}
 
 
 @dataclass(frozen=True)

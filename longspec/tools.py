@@ -18,11 +18,14 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 
-from .grammar import JSON_OPTIONS, Constraint
+from .grammar import Constraint
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
 CHOICES = ("none", "auto", "required")
+# a call's JSON as the templates write it ({"name": "f", "arguments": {"a": 1}}): no other
+# whitespace, so that its keys and punctuation are forced tokens
+CALL_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def takes_tools(tokenizer) -> bool:
@@ -75,7 +78,7 @@ def _calls_constraint(functions: list[dict], many: bool) -> Constraint:
               "properties": {"name": {"const": f["name"]},
                              "arguments": f.get("parameters") or {"type": "object"}}}
              for f in functions]
-    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": JSON_OPTIONS}
+    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": CALL_JSON}
     repeat = "+" if many else ""
     lark = (f"start: call{repeat}\n"
             f'call: "{OPEN}\\n" body "\\n{CLOSE}" "\\n"?\n'

@@ -107,9 +107,9 @@ def test_each_nodes_mask_is_the_grammar_state_at_the_end_of_its_path():
     target, _ = models()
     state = GrammarState(target, Constraint("json_schema", SCHEMA))
     tok = target.tokenizer
-    state.commit(tok('{"name":"ab', add_special_tokens=False)["input_ids"])
+    state.commit(tok('{"name": "ab', add_special_tokens=False)["input_ids"])
     trie = TrieBuilder(tok("b")["input_ids"][-1], 64, 8)
-    for text in ['c","count":1', 'cd","count"', '","tags"', 'x"}', "]]]", '", "count"']:
+    for text in ['c", "count": 1', 'cd",\n  "count"', '","tags"', 'x"}', "]]]", '"  ,']:
         trie.add_chain(tok(text, add_special_tokens=False)["input_ids"])
     tree = trie.build(torch.device("cpu"))
     before = state.mask_after([])
