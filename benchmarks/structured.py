@@ -4,8 +4,9 @@ JSON document under a nested schema (greedy, end-of-sequence respected), decoded
 a step, the forced tokens, where the answer ended, its distinct-4, whether `auto` wrote `ar`'s
 tokens and whether the document validates. `--llama-cpp` decodes the same chat under the same
 schema with llama.cpp instead (its own process; llama-cpp-python's schema-to-grammar and
-sampler). `--grammar-cost` times the grammar's own work a committed token (masks, forced
-tokens, consuming) in `ar` against a plain step of the model without a grammar.
+sampler; tokens a second over the decode, its prompt read by a first call of one token).
+`--grammar-cost` times the grammar's own work a committed token (masks, forced tokens,
+consuming) in `ar` against a plain step of the model without a grammar.
 
     python benchmarks/structured.py --model qwen-coder-1.5b
     python benchmarks/structured.py --model qwen-coder-1.5b --llama-cpp
@@ -108,9 +109,13 @@ def llama_cpp_side(model, args) -> dict:
     from llama_cpp import Llama
 
     llm = Llama(str(model.path), n_ctx=8192, n_threads=torch.get_num_threads(), verbose=False)
+    fmt = {"type": "json_object", "schema": SCHEMA}
+    begin = time.perf_counter()
+    llm.create_chat_completion(messages(), max_tokens=1, temperature=0, response_format=fmt)
+    prefill_s = time.perf_counter() - begin          # the prompt, kept for the next call
     begin = time.perf_counter()
     out = llm.create_chat_completion(messages(), max_tokens=args.max_new_tokens, temperature=0,
-                                     response_format={"type": "json_object", "schema": SCHEMA})
+                                     response_format=fmt)
     seconds = time.perf_counter() - begin
     text = out["choices"][0]["message"]["content"]
     ids = model.tokenizer.encode(text, add_special_tokens=False)
@@ -119,8 +124,8 @@ def llama_cpp_side(model, args) -> dict:
         valid = isinstance(json.loads(text).get("modules"), list)
     except (json.JSONDecodeError, AttributeError):
         valid = False
-    return {"side": "llama.cpp", "tok_s_with_prefill": round(n / seconds, 2), "new_tokens": n,
-            "seconds": round(seconds, 1), "finish_reason": out["choices"][0]["finish_reason"],
+    return {"side": "llama.cpp", "tok_s": round(n / seconds, 2), "new_tokens": n,
+            "prefill_s": round(prefill_s, 2), "finish_reason": out["choices"][0]["finish_reason"],
             "distinct_4": round(distinct_n(ids, 4), 3), "valid": valid, "start": text[:120]}
 
 
