@@ -252,10 +252,13 @@ def generate(model: Model, prompt, *, progress: bool = False, **settings) -> Gen
     resume_from (the token ids an interrupted run with the same settings committed: the result
     is then that of the uninterrupted run, its token_ids the whole generation), prediction
     (the output expected, as OpenAI's predicted outputs: text or token ids that `auto` and
-    `suffix` draft from; stats["prediction"] counts its accepted and rejected tokens). Every
-    method returns exactly the tokens `ar` returns for the same seed and settings
-    (verify="match"); verify="rejection" keeps the distribution instead. `options` tunes the
-    method (max_nodes, max_depth and method-specific sizes; see README).
+    `suffix` draft from; stats["prediction"] counts its accepted and rejected tokens),
+    json_schema / regex / grammar / choice / response_format (the output held to a grammar:
+    grammar.py), logprobs (each new token's log probability and that many alternatives'),
+    logit_bias, tools and tool_choice (tools.py: the result's tool_calls). Every method returns
+    exactly the tokens `ar` returns for the same seed and settings (verify="match");
+    verify="rejection" keeps the distribution instead. `options` tunes the method (max_nodes,
+    max_depth and method-specific sizes; see README).
     """
     s = stream(model, prompt, progress=progress, **settings)
     for _ in s:

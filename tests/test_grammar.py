@@ -164,3 +164,20 @@ def test_response_format_takes_openais_forms_and_pydantic_models():
     assert constraint_of(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": SCHEMA, "strict": True}}) == Constraint("json_schema", SCHEMA)
     assert constraint_of(response_format=Item).value == Item.model_json_schema()
+
+
+def test_the_cli_holds_the_output_to_a_schema_or_a_choice(tmp_path, capsys):
+    from longspec.cli import main
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    base = ["generate", "demo", "--prompt", PROMPT, "--temperature", "0", "--no-progress",
+            "--max-new-tokens", str(NEW_TOKENS), "--dtype", "float32"]
+    assert main([*base, "--json-schema", str(schema), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["finish_reason"] == "eos"
+    assert_follows("json_schema", out["text"])
+    assert main([*base, "--choice", CHOICES[0], "--choice", CHOICES[1]]) == 0
+    assert capsys.readouterr().out.strip() in CHOICES[:2]
+    assert main([*base, "--regex", "a(b"]) == 2
+    assert "the regex cannot be compiled" in capsys.readouterr().err
