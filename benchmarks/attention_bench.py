@@ -1,4 +1,6 @@
-"""longspec::attention (the attention loops of native.cpp) alone, at a model's head shapes: one
+"""longspec::attention timed alone at a model's shapes: whether a change to the loops pays.
+
+longspec::attention (the attention loops of native.cpp) alone, at a model's head shapes: one
 query token (a plain step) and an 8-token chain (a draft tree's verification) over a cache of
 n random keys and values. Prints the fastest of three means of `--reps` calls, and a digest of
 the output (the same digest on two builds: the same bits).

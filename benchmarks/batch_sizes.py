@@ -1,4 +1,6 @@
-"""`generate_many` over one set of chat prompts at several batch sizes, in one process: what
+"""What --max-batch buys: generate_many over one set of chat prompts at several batch sizes.
+
+`generate_many` over one set of chat prompts at several batch sizes, in one process: what
 --max-batch buys, and where it stops buying.
 
 Each row runs every prompt (chat_bench.py's, or with --sharegpt the first questions of ShareGPT's

@@ -1,4 +1,6 @@
-"""Methods side by side on chat prompts that ask for long answers, one process, with the
+"""Methods side by side on long chat answers, checked against `ar`; the benchmarks' prompts.
+
+Methods side by side on chat prompts that ask for long answers, one process, with the
 token-identity check against `ar` and transformers' generate (plain and prompt lookup) as peers.
 
 Each run starts cold: what drafters learn across calls on a model (earlier outputs, the

@@ -1,4 +1,6 @@
-"""How much of a model's answers a reduced draft vocabulary covers (EAGLE-3 drafts over the most
+"""How much of a model's answers its K most frequent tokens cover: a draft vocabulary's size.
+
+How much of a model's answers a reduced draft vocabulary covers (EAGLE-3 drafts over the most
 frequent tokens only, mapped back to the full vocabulary).
 
 The answer tokens of ShareGPT's training conversations (`longspec fetch sharegpt`; the first

@@ -1,4 +1,6 @@
-"""How close longspec's load of a GGUF file is to llama.cpp's on the same file: perplexity over a
+"""Whether longspec's load of a GGUF file agrees with llama.cpp's: perplexity, greedy tokens.
+
+How close longspec's load of a GGUF file is to llama.cpp's on the same file: perplexity over a
 held text (the same token ids fed to both, one causal forward each) and the greedy tokens of
 chat prompts, with where each prompt's tokens first part. Bits differ between engines (other
 kernels, other rounding), so the two agree closely, not exactly.

@@ -1,4 +1,6 @@
-"""The device check: what a GPU lease runs, in one call, writing its JSON to --out after every
+"""The device check: exactness, speed and step costs on a GPU, in one call of a short lease.
+
+The device check: what a GPU lease runs, in one call, writing its JSON to --out after every
 run so that a lease cut short still returns what ran. A GPU lease is short (minutes): stage the
 model first (gpu_stage.py), then run this once; --budget-s stops starting runs when the time is
 spent (the runs not started are listed as skipped).

@@ -1,4 +1,6 @@
-"""Stage the device check's model on a GPU machine that can download nothing and takes at
+"""Stage the device check's model on a GPU machine that can download nothing, in small parts.
+
+Stage the device check's model on a GPU machine that can download nothing and takes at
 most 64 MiB a call, the working tree (~32 MB) included: the SmolLM2 GGUF travels in equal parts
 of at most PART_MB (three) over consecutive calls (what an earlier call left stays while the
 machine is warm), and the `gguf` wheel (transformers and longspec read GGUF files with it) with

@@ -1,4 +1,6 @@
-"""The int4 products side by side at a model's shapes: longspec::int4_mm (int4_mm.cpp, CPUs with
+"""The int4 products side by side at a model's shapes: whether a change to int4_mm pays.
+
+The int4 products side by side at a model's shapes: longspec::int4_mm (int4_mm.cpp, CPUs with
 AVX2), PyTorch's int4 kernel (`_weight_int4pack_mm_for_cpu`, what runs without the compiled
 kernels) and, for reference, the dense bfloat16 product, for 1 to 16 rows (a plain step, and
 draft trees' verification). Prints milliseconds, the weight bandwidth achieved (bytes of each

@@ -1,4 +1,6 @@
-"""Long generations: tokens/s per segment as the context grows, peak memory and KV bytes, and
+"""Long generations: tokens/s by segment as the context grows, memory, identity with `ar`.
+
+Long generations: tokens/s per segment as the context grows, peak memory and KV bytes, and
 the token-identity check against plain decoding (`ar`).
 
 Each method writes --new-tokens tokens of one chat answer (EOS ignored: past the end of its

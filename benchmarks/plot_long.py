@@ -1,4 +1,6 @@
-"""Tokens/s against position from long_bench.py's records: one line per method and record,
+"""Plot tokens/s against position from long_bench.py's records (the long-generation figures).
+
+Tokens/s against position from long_bench.py's records: one line per method and record,
 labelled with the record's file name.
 
     python benchmarks/plot_long.py 8k_run.json 32k_run.json --out docs/bench/long_qwen.png

@@ -1,4 +1,6 @@
-"""Predicted outputs: a standard-library module returned with a small edit (a function renamed
+"""Predicted outputs: a module returned with a function renamed, `ar` against `auto`.
+
+Predicted outputs: a standard-library module returned with a small edit (a function renamed
 everywhere), greedy, end-of-sequence respected, decoded by `ar`, `auto`, and `auto` with the
 original module as the prediction (OpenAI's predicted outputs), in one process with the model's
 learned state cleared before every run. Each row: tokens/s over the decode, the ratio to `ar`,

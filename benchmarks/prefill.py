@@ -1,4 +1,6 @@
-"""Prefill speed: the time to read a prompt of n tokens into an empty cache (tokens a second),
+"""Prefill speed in tokens a second, longspec against llama.cpp on the same GGUF and token ids.
+
+Prefill speed: the time to read a prompt of n tokens into an empty cache (tokens a second),
 longspec's forward in chunks against llama.cpp's on the same GGUF (`--llama-cpp`, its own
 process). The prompt is the start of a real text (this project's Python sources, tokenized),
 so every length reads the same tokens, and both sides read the same token ids; one untimed

@@ -1,4 +1,6 @@
-"""Prompts computed once: the time to the first new token of a request whose first `--prefix`
+"""Prompts computed once: the first new token of a request sharing a prefix, against cold.
+
+Prompts computed once: the time to the first new token of a request whose first `--prefix`
 tokens an earlier request sent, against the same request with the prompt cache cleared (cold),
 in Python and through the server (streamed, timed by the client from the request to the first
 text), and a chat's second turn against the same turn cold; the tokens of each pair compared.

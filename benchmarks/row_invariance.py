@@ -1,4 +1,6 @@
-"""Which row counts change a product's rows on this device: for each matrix shape, row i of an
+"""Which row counts change a product's rows on this device: the row rules a device needs.
+
+Which row counts change a product's rows on this device: for each matrix shape, row i of an
 M-row product against the same row run alone, for M up to 256, through `F.linear` as it is and
 through longspec's product (`DenseLinear`, with the device's row rules: linear.py). A row count
 listed for the raw product is one the rules must avoid; one listed for longspec's breaks

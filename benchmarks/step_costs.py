@@ -1,4 +1,6 @@
-"""Step costs at real shapes with random weights (part c of gpu_check.py), and the tokens/s
+"""Step costs at real shapes with random weights, and the tokens/s they would give (gpu_check).
+
+Step costs at real shapes with random weights (part c of gpu_check.py), and the tokens/s
 they would give with acceptance measured on a CPU (part d): the milliseconds of one target
 forward over a tree of each row count at each context, on each attention path, beside the
 floor of reading every weight and the cache's keys and values once. Random weights give
@@ -38,8 +40,8 @@ DRY_SHAPES = {"tiny": {"model_type": "llama", "vocab_size": 512, "hidden_size": 
 ROWS = (1, 16, 64)
 DRY_ROWS = (1, 16)     # the dry run's (Triton's interpreter runs a row's programs in ms)
 # Tokens a step of `auto` verifying trees of exactly 16 and 64 nodes, Qwen2.5-Coder-1.5B in
-# TokenSwift's setting, 1,024 tokens, every run identical to `ar` (BENCHMARKS.md, "Acceptance of
-# fixed trees"; greedy: 2.27 and 2.64)
+# TokenSwift's setting, 1,024 tokens, every run identical to `ar` (docs/benchmarks/cuda.md,
+# "Acceptance of fixed trees"; greedy: 2.27 and 2.64)
 ACCEPTANCE = "16=1.81,64=2.17"
 TREE_DEPTH = 8
 

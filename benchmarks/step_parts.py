@@ -1,4 +1,6 @@
-"""Where a forward of q rows goes: the whole forward against its parts timed alone on the same
+"""Where a forward of q rows goes: the part to make faster for steps of n rows and prefill.
+
+Where a forward of q rows goes: the whole forward against its parts timed alone on the same
 shapes (every layer's four products, every layer's attention over the cache, the LM head over
 every row), the rest by difference; it decides which part a step of n rows or a prefill chunk
 should have made faster. Medians; a random cache of `context` positions.

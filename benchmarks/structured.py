@@ -1,4 +1,6 @@
-"""Structured outputs at length: the model extracts records from a text in its prompt into one
+"""Structured outputs at length: a JSON document under a schema, `ar` against `auto`.
+
+Structured outputs at length: the model extracts records from a text in its prompt into one
 JSON document under a nested schema (greedy, end-of-sequence respected), decoded by `ar` and by
 `auto` under the same grammar in one process: tokens a second over the decode, the ratio, tokens
 a step, the forced tokens, where the answer ended, its distinct-4, whether `auto` wrote `ar`'s

@@ -45,12 +45,11 @@ from .verify import TargetOutput, Verdict, verify_trees
 
 # generations a batch steps at once, unless told: on 2 CPU cores plain decoding gains 1.15x
 # more from 4 to 8 SmolLM2 chat answers and `auto` 1.10x, while each generation's memory is
-# paid that many times (BENCHMARKS.md, "Many generations at once")
+# paid that many times (docs/benchmarks/batching.md)
 DEFAULT_MAX_BATCH = 4
 # the share of a batch's seconds its gate's drafting tries may lose against its plain steps
 # (StepRates' budget): 8 SmolLM2 answers at T=1, max_batch 8, ran 0.98x plain batched
-# decoding with tries every 64 steps, 1.00x with this budget (BENCHMARKS.md, "Many generations
-# at once")
+# decoding with tries every 64 steps, 1.00x with this budget (docs/benchmarks/batching.md)
 TRY_BUDGET = 0.01
 
 
@@ -59,7 +58,7 @@ def samples_together(device: torch.device) -> bool:
     all their rows, with one read-back a step (choices_together, verify_trees), where they
     share a sampling setting: on CUDA, where each member's own sampling and read-back cost
     ~1 ms of host time a step (its kernels' launches and its sync: a step of 8 SmolLM2 members
-    took 17.5 ms on an H200, one generation's 3.0; BENCHMARKS.md). Not on a CPU, where one
+    took 17.5 ms on an H200, one generation's 3.0; docs/benchmarks/cuda.md). Not on a CPU, where one
     member at a time is faster: process_logits over 8 rows of SmolLM2's vocabulary at T=0.7,
     top-p 0.9 took 0.22 ms a row together and 0.07 ms a row alone."""
     return device.type == "cuda"
