@@ -258,7 +258,7 @@ def generate(model: Model, prompt, *, progress: bool = False, **settings) -> Gen
     logit_bias, tools and tool_choice (tools.py: the result's tool_calls). Every method returns
     exactly the tokens `ar` returns for the same seed and settings (verify="match");
     verify="rejection" keeps the distribution instead. `options` tunes the method (max_nodes,
-    max_depth and method-specific sizes; see README).
+    max_depth and method-specific sizes; see docs/methods.md).
     """
     s = stream(model, prompt, progress=progress, **settings)
     for _ in s:

@@ -87,7 +87,7 @@ def method_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", default="match", help="match (token-identical to ar) or "
                    "rejection (Leviathan et al.'s rule, for methods that sample their drafts)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="method tuning, e.g. max_nodes=16 (repeatable; see README)")
+                   help="method tuning, e.g. max_nodes=16 (repeatable; see docs/methods.md)")
 
 
 def method_from_args(args) -> tuple[MethodSpec, dict]:

@@ -49,7 +49,7 @@ class DraftSetup:
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
-    summary: str                          # what it drafts from (CLI help, README)
+    summary: str                          # what it drafts from (CLI help, docs/methods.md)
     budget: Budget                        # default draft budget, measured (docs/benchmarks/)
     build: Callable[[DraftSetup], Drafter]
     options: Mapping[str, Option] = field(default_factory=dict)

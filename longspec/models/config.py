@@ -62,7 +62,8 @@ class ModelConfig:
     @property
     def context_limit(self) -> int:
         """Most positions a sequence may use: beyond the trained length only where the RoPE
-        scaling extends it, and never past a sliding window (not implemented: see README)."""
+        scaling extends it, and never past a sliding window (not implemented: docs/models.md,
+        "Limits")."""
         limit = self.max_positions
         if self.rope.type == "dynamic":
             limit = int(self.max_positions * self.rope.factor)

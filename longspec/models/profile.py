@@ -8,7 +8,7 @@ torch, the compiled layers or not, another version of the code that computes the
 bits and so, sooner or later, other tokens. So the profile is named in full, recorded with every
 run (stats, the sidecar, the server) and compared on resume.
 
-Switches that choose a profile (README, "Kernel profiles"):
+Switches that choose a profile (docs/models.md, "Kernel profiles"):
 - LONGSPEC_NATIVE=0: no compiled code (native.py): the Python layers, attention as products,
   ATen's int4 kernel.
 - ATEN_CPU_CAPABILITY=avx2 | avx512 | default: PyTorch's kernels, and the compiled layers'
