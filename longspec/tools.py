@@ -53,13 +53,15 @@ def checked_tools(model, tools, tool_choice) -> tuple[list[dict] | None, Constra
     if choice == "auto":
         return list(tools), None
     if choice == "required":
-        return list(tools), _calls_constraint([_function(t) for t in tools], many=True)
+        return list(tools), _calls_constraint(model.tokenizer, [_function(t) for t in tools],
+                                              many=True)
     name = (choice.get("function") or {}).get("name") if isinstance(choice, Mapping) else None
     if name not in names:
         raise ValueError(f"tool_choice must be one of {', '.join(CHOICES)} or "
                          f'{{"type": "function", "function": {{"name": ...}}}} naming one of '
                          f"the tools ({', '.join(names)}), got {tool_choice!r}")
-    return list(tools), _calls_constraint([_function(tools[names.index(name)])], many=False)
+    return list(tools), _calls_constraint(model.tokenizer, [_function(tools[names.index(name)])],
+                                          many=False)
 
 
 def _function(tool) -> dict:
@@ -71,7 +73,18 @@ def _function(tool) -> dict:
     return dict(function)
 
 
-def _calls_constraint(functions: list[dict], many: bool) -> Constraint:
+def _marker(tokenizer, text: str) -> str:
+    """A block marker in the grammar: its token, named by id, where the vocabulary holds it as
+    one (Qwen2.5's <tool_call> is a special token, which a quoted text would not match), else
+    its text."""
+    token = tokenizer.convert_tokens_to_ids(text)
+    if isinstance(token, int) and token != tokenizer.unk_token_id and \
+            tokenizer.decode([token]) == text:
+        return f"<[{token}]>"
+    return json.dumps(text)
+
+
+def _calls_constraint(tokenizer, functions: list[dict], many: bool) -> Constraint:
     """Calls of these functions, one (a named function) or one or more (required), each block's
     JSON held to {"name": the function's, "arguments": its parameters' schema}."""
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
@@ -80,8 +93,9 @@ def _calls_constraint(functions: list[dict], many: bool) -> Constraint:
              for f in functions]
     schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": CALL_JSON}
     repeat = "+" if many else ""
+    opening, closing = _marker(tokenizer, OPEN), _marker(tokenizer, CLOSE)
     lark = (f"start: call{repeat}\n"
-            f'call: "{OPEN}\\n" body "\\n{CLOSE}" "\\n"?\n'
+            f'call: {opening} "\\n" body "\\n" {closing} "\\n"?\n'
             f"body: %json {json.dumps(schema)}\n")
     return Constraint("grammar", lark)
 
