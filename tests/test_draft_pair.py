@@ -76,7 +76,8 @@ def test_auto_drafts_with_a_draft_model_too_and_writes_what_ar_writes(pair, samp
     assert res.stats["accepted_draft_tokens"] > 0       # from its other sources
 
 
-def test_autos_draft_model_chains_are_the_text_when_the_draft_is_the_target(tmp_path):
+def test_autos_draft_model_chains_are_the_text_when_the_draft_is_the_target(tmp_path,
+                                                                          costs_that_pay):
     # a model of its own: no earlier outputs for the suffix matches to draft from
     target = qwen_gguf(tmp_path / "target.gguf", TARGET_MIX, 0)
     sampling = longspec.SamplingConfig(temperature=0.8, top_p=0.9)
