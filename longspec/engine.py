@@ -26,7 +26,7 @@ from .models.prefill import prefill
 from .models.transformer import ForwardOutput, Segment
 from .sampler import Sampler
 from .sampling import token_logprobs
-from .sizing import Sizer, StepCost, Unmeasured, calibration_key
+from .sizing import Sizer, StepCost, Unmeasured, calibration_key, subtree
 from .stats import Stats
 from .stopping import StopRules
 from .tree import DraftTree, TreeTemplate
@@ -191,9 +191,15 @@ class Engine:
         return tree, time.perf_counter() - begin - (self.stats.sizing_s - measured), timing
 
     def draft(self) -> tuple[DraftTree, float]:
-        """The drafter's tree, as it is, and the seconds it took."""
+        """The drafter's tree and the seconds it took; a scored tree (one the sizer cuts) less
+        the nodes whose paths the generation's grammar forbids, which no verdict accepts."""
         begin = time.perf_counter()
         tree = self.drafter.propose(self.tokens, self.budget)
+        grammar = self.sampler.grammar
+        if grammar is not None and tree.scores is not None and tree.n > 1:
+            allowed = grammar.allowed_nodes(tree)
+            if len(allowed) < tree.n:
+                tree = subtree(tree, allowed)
         return tree, time.perf_counter() - begin
 
     def size(self, tree: DraftTree, draft_seconds: float, cost: StepCost | None = None,

@@ -189,25 +189,18 @@ class GrammarState:
         allowed[~allowed.any(dim=1)] = True
         return allowed.to(self.device)
 
-    def tree_masks(self, tree: DraftTree, ahead: Sequence[int] = ()) -> torch.Tensor:
-        """Allowed tokens [n, vocab] after each node of `tree`, whose root is the last of the
-        committed tokens and `ahead` (tokens past them, not committed). A node whose path the
-        grammar does not allow takes its parent's mask: its parent's choice (masked) cannot be
-        its token, so it is never accepted."""
+    def _walk(self, tree: DraftTree, root_valid: bool, allows, visit) -> None:
+        """Depth first over the nodes past the root, the matcher holding each node's path
+        (past what it held at the root) while `visit(node, True)` runs; a node whose parent's
+        path the grammar allows and `allows(node, token)` does not, and every node below it,
+        get `visit(node, False)`. The matcher ends where it began."""
         m = self.matcher
-        words = np.empty((tree.n, self.words), dtype=np.int32)
-        consumed = self._advance(ahead)
-        if consumed == len(ahead):
-            self._fill(words[0])
-        else:
-            words[0] = -1                           # never committed: anything goes
         parents, depths = tree.shape.parents, tree.shape.depths
         tokens = tree.tokens.tolist()
         children: list[list[int]] = [[] for _ in range(tree.n)]
         for node in range(1, tree.n):
             children[parents[node]].append(node)
-        valid = consumed == len(ahead)
-        stack = [(child, valid) for child in reversed(children[0])]
+        stack = [(child, root_valid) for child in reversed(children[0])]
         depth = 0                                  # path tokens the matcher holds
         while stack:
             node, parent_valid = stack.pop()
@@ -216,16 +209,51 @@ class GrammarState:
                 m.rollback(depth - target)
                 depth = target
             token = tokens[node]
+            ok = (parent_valid and not m.is_stopped() and allows(node, token)
+                  and m.consume_token(token))
+            depth += bool(ok)
+            visit(node, bool(ok))
+            stack.extend((child, bool(ok)) for child in reversed(children[node]))
+        m.rollback(depth)
+
+    def allowed_nodes(self, tree: DraftTree) -> list[int]:
+        """The nodes of `tree` (rooted at the last committed token) whose paths the grammar
+        allows, the root first, in order: the others can never be accepted."""
+        allowed = [True] + [False] * (tree.n - 1)
+
+        def visit(node: int, ok: bool) -> None:
+            allowed[node] = ok
+
+        self._walk(tree, True, lambda node, token: self.matcher.validate_tokens([token]) == 1,
+                   visit)
+        return [node for node in range(tree.n) if allowed[node]]
+
+    def tree_masks(self, tree: DraftTree, ahead: Sequence[int] = ()) -> torch.Tensor:
+        """Allowed tokens [n, vocab] after each node of `tree`, whose root is the last of the
+        committed tokens and `ahead` (tokens past them, not committed). A node whose path the
+        grammar does not allow takes its parent's mask: its parent's choice (masked) cannot be
+        its token, so it is never accepted."""
+        words = np.empty((tree.n, self.words), dtype=np.int32)
+        consumed = self._advance(ahead)
+        valid = consumed == len(ahead)
+        if valid:
+            self._fill(words[0])
+        else:
+            words[0] = -1                           # never committed: anything goes
+        parents = tree.shape.parents
+
+        def allows(node: int, token: int) -> bool:
             word, bit = divmod(token, 32)
-            ok = (parent_valid and (words[parents[node], word] >> bit) & 1
-                  and not m.is_stopped() and m.consume_token(token))
+            return bool((words[parents[node], word] >> bit) & 1)
+
+        def visit(node: int, ok: bool) -> None:
             if ok:
-                depth += 1
                 self._fill(words[node])
             else:
                 words[node] = words[parents[node]]
-            stack.extend((child, bool(ok)) for child in reversed(children[node]))
-        m.rollback(depth + consumed)
+
+        self._walk(tree, valid, allows, visit)
+        self.matcher.rollback(consumed)
         return self._allowed(words)
 
     def mask_after(self, path: Sequence[int]) -> torch.Tensor | None:

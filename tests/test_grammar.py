@@ -103,7 +103,9 @@ def test_constrained_generations_in_a_batch_match_each_alone(together, monkeypat
     assert [s.result.token_ids for s in streams] == [r.token_ids for r in alone]
 
 
-def test_each_nodes_mask_is_the_grammar_state_at_the_end_of_its_path():
+def a_tree_after_a_partial_record():
+    """The demo model, its grammar state inside a record, and a draft tree of paths the
+    grammar allows and paths it does not."""
     target, _ = models()
     state = GrammarState(target, Constraint("json_schema", SCHEMA))
     tok = target.tokenizer
@@ -111,7 +113,11 @@ def test_each_nodes_mask_is_the_grammar_state_at_the_end_of_its_path():
     trie = TrieBuilder(tok("b")["input_ids"][-1], 64, 8)
     for text in ['c", "count": 1', 'cd",\n  "count"', '","tags"', 'x"}', "]]]", '"  ,']:
         trie.add_chain(tok(text, add_special_tokens=False)["input_ids"])
-    tree = trie.build(torch.device("cpu"))
+    return state, trie.build(torch.device("cpu"))
+
+
+def test_each_nodes_mask_is_the_grammar_state_at_the_end_of_its_path():
+    state, tree = a_tree_after_a_partial_record()
     before = state.mask_after([])
     masks = state.tree_masks(tree)
     assert torch.equal(state.mask_after([]), before)        # the matcher is where it was
@@ -121,6 +127,35 @@ def test_each_nodes_mask_is_the_grammar_state_at_the_end_of_its_path():
         alone = state.mask_after(path)
         if alone is not None:
             assert torch.equal(masks[node], alone[0])
+
+
+def test_drafts_the_grammar_forbids_are_cut_before_they_are_verified():
+    """allowed_nodes keeps exactly the nodes whose paths the grammar allows (the engine cuts
+    the others from scored drafts: no verdict accepts them)."""
+    state, tree = a_tree_after_a_partial_record()
+    before = state.mask_after([])
+    allowed = state.allowed_nodes(tree)
+    assert torch.equal(state.mask_after([]), before)
+    tokens, paths = tree.tokens.tolist(), tree.shape.host_paths.tolist()
+    follows = [state.follows([tokens[j] for j in paths[node][1:] if j >= 0])
+               for node in range(tree.n)]
+    assert allowed == [node for node in range(tree.n) if follows[node]]
+    assert 1 < len(allowed) < tree.n
+
+
+def test_auto_verifies_no_draft_the_grammar_forbids(monkeypatch):
+    seen = []
+    verify = longspec.engine.verify
+
+    def spy(tree, target, sampler):
+        tokens, paths = tree.tokens.tolist(), tree.shape.host_paths.tolist()
+        seen.extend(sampler.grammar.follows([tokens[j] for j in paths[node][1:] if j >= 0])
+                    for node in range(tree.n))
+        return verify(tree, target, sampler)
+
+    monkeypatch.setattr("longspec.engine.verify", spy)
+    res = run("auto", "json_schema", "greedy")
+    assert len(seen) > res.stats["steps"] and all(seen)
 
 
 def test_graft_puts_the_forced_chain_first_and_keeps_what_agrees_with_it():
