@@ -7,8 +7,9 @@ and writes calls as Hermes-style blocks (Qwen2.5's does):
 
 The tools go to the chat template; the output's blocks become `tool_calls`. tool_choice
 "required" or a named function holds the output to such blocks by a grammar (grammar.py), whose
-arguments follow each function's JSON schema; "auto" leaves the model free (a function's
-`strict` schema is then not enforced); "none" sends no tools.
+arguments follow each function's JSON schema; "auto" lets the model write text, then calls or
+none, and holds the calls' arguments to the schemas of the functions marked `strict` (where no
+function is, it leaves the output free); "none" sends no tools.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ def checked_tools(model, tools, tool_choice) -> tuple[list[dict] | None, Constra
     choice = "auto" if tool_choice is None else tool_choice
     if choice == "none":
         return None, None
+    functions = [_function(t) for t in tools]
     if choice == "auto":
-        return list(tools), None
+        if not any(f.get("strict") for f in functions):
+            return list(tools), None
+        return list(tools), _calls_constraint(model.tokenizer, functions, many=True, text=True)
     if choice == "required":
-        return list(tools), _calls_constraint(model.tokenizer, [_function(t) for t in tools],
-                                              many=True)
+        return list(tools), _calls_constraint(model.tokenizer, functions, many=True)
     name = (choice.get("function") or {}).get("name") if isinstance(choice, Mapping) else None
     if name not in names:
         raise ValueError(f"tool_choice must be one of {', '.join(CHOICES)} or "
@@ -84,18 +87,33 @@ def _marker(tokenizer, text: str) -> str:
     return json.dumps(text)
 
 
-def _calls_constraint(tokenizer, functions: list[dict], many: bool) -> Constraint:
+def _calls_constraint(tokenizer, functions: list[dict], many: bool,
+                      text: bool = False) -> Constraint:
     """Calls of these functions, one (a named function) or one or more (required), each block's
-    JSON held to {"name": the function's, "arguments": its parameters' schema}."""
+    JSON held to {"name": the function's, "arguments": its parameters' schema}. With `text`
+    (auto), any text first, then calls or none, and only `strict` functions' arguments held to
+    their schemas (the others' to a JSON object)."""
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
               "properties": {"name": {"const": f["name"]},
-                             "arguments": f.get("parameters") or {"type": "object"}}}
+                             "arguments": (f.get("parameters") or {"type": "object"})
+                             if f.get("strict") or not text else {"type": "object"}}}
              for f in functions]
     schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": CALL_JSON}
-    repeat = "+" if many else ""
     opening, closing = _marker(tokenizer, OPEN), _marker(tokenizer, CLOSE)
-    lark = (f"start: call{repeat}\n"
-            f'call: {opening} "\\n" body "\\n" {closing} "\\n"?\n'
+    rest = f'"\\n" body "\\n" {closing} "\\n"?'          # a block after its opening marker
+    if not text:
+        start = f"start: call{'+' if many else ''}"
+    elif opening.startswith("<["):
+        # the marker is a special token, never part of a text
+        start = "start: TEXT call*\nTEXT: /(.|\\n)*/"
+    else:
+        # a text marker: the text before a first block ends lazily at its marker; a text
+        # without one never holds it
+        start = (f"start: TEXT | prefix rest call*\nrest: {rest}\n"
+                 f"prefix[lazy]: /(.|\\n)*{OPEN}/\n"
+                 f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{OPEN}(.|\\n)*/")
+    lark = (f"{start}\n"
+            f"call: {opening} {rest}\n"
             f"body: %json {json.dumps(schema)}\n")
     return Constraint("grammar", lark)
 

@@ -490,6 +490,35 @@ def test_tool_calls_are_parsed_by_the_client_and_taken_back(client, model, strea
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+def test_auto_holds_strict_functions_arguments_and_leaves_text_free(model):
+    """tool_choice auto with a `strict` function: text, then calls or none; a strict
+    function's arguments follow its schema, another's any JSON object; exact under `auto`."""
+    from longspec.grammar import GrammarState
+    from longspec.tools import checked_tools
+
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    assert checked_tools(model, TOOLS, "auto")[1] is None       # nothing strict: free
+    state = GrammarState(model, checked_tools(model, strict, "auto")[1])
+
+    def follows(text):
+        return state.follows(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def call(name, arguments):
+        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+    assert follows("Let me look.\n" + call("get_weather", {"city": "Paris", "days": 2}))
+    assert follows("No call needed: it is sunny.")
+    assert follows(call("search", {"anything": [1, 2]}))               # not strict
+    assert not follows("Let me look.\n" + call("get_weather", {"town": "Paris"}))
+    assert not follows(call("get_weather", {"city": "Paris"}) + "and then text")
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    settings = {"max_new_tokens": 48, "tools": strict, "tool_choice": "auto", "seed": 2,
+                "sampling": longspec.SamplingConfig(temperature=0.9)}
+    ar = longspec.generate(model, asked, method="ar", **settings)
+    auto = longspec.generate(model, asked, method="auto", **settings)
+    assert auto.token_ids == ar.token_ids
+
+
 def test_tools_are_refused_for_a_model_whose_template_takes_none():
     demo = longspec.load_model("demo", dtype="float32", device="cpu")
     demo.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
