@@ -2,9 +2,9 @@
 
 Structured outputs at length: the model extracts records from a text in its prompt into one
 JSON document under a nested schema (greedy, end-of-sequence respected), decoded by `ar` and by
-`auto` under the same grammar in one process: tokens a second over the decode, the ratio, tokens
-a step, the forced tokens, where the answer ended, its distinct-4, whether `auto` wrote `ar`'s
-tokens and whether the document validates. `--llama-cpp` decodes the same chat under the same
+`auto` under the same grammar in one process, in rounds whose order turns: tokens a second over
+the decode, the ratio, tokens a step, the forced tokens, where the answer ended, its distinct-4,
+whether `auto` wrote `ar`'s tokens and whether the document validates. `--llama-cpp` decodes the same chat under the same
 schema with llama.cpp instead (its own process; llama-cpp-python's schema-to-grammar and
 sampler; tokens a second over the decode, its prompt read by a first call of one token).
 `--grammar-cost` times the grammar's own work a committed token (masks, forced tokens,
@@ -21,6 +21,7 @@ import argparse
 import importlib
 import inspect
 import json
+import sys
 import time
 
 import torch
@@ -93,18 +94,27 @@ def describe(res, ids: list[int]) -> dict:
 
 
 def longspec_side(model, args) -> dict:
+    """`ar` and `auto` in rounds, the order turned each round (ar, auto; auto, ar; ...), so
+    that the machine's drift over minutes (this VM's plain step moved 51-66 ms between runs)
+    falls on both sides: each round's rows and ratio, and the ratio of the rounds' summed
+    decode times."""
     settings = {"max_new_tokens": args.max_new_tokens, "json_schema": SCHEMA, "seed": 0,
                 "sampling": longspec.SamplingConfig(temperature=0)}
-    rows = {}
-    for method in ("ar", "auto"):
-        model.state.forget_text()              # no earlier output, no cached prompt
-        res = longspec.generate(model, messages(), method=method, **settings)
-        rows[method] = describe(res, res.token_ids)
-        rows[method]["ids"] = res.token_ids
-    same = rows["ar"].pop("ids") == rows["auto"].pop("ids")
-    return {"side": "longspec", "profile": model.profile.describe(), **rows,
-            "auto_over_ar": round(rows["auto"]["tok_s"] / rows["ar"]["tok_s"], 2),
-            "identical": same}
+    rounds, ids, seconds = [], {}, {"ar": 0.0, "auto": 0.0}
+    for r in range(args.rounds):
+        row = {}
+        for method in ("ar", "auto") if r % 2 == 0 else ("auto", "ar"):
+            model.state.forget_text()              # no earlier output, no cached prompt
+            res = longspec.generate(model, messages(), method=method, **settings)
+            row[method] = describe(res, res.token_ids)
+            ids.setdefault(method, res.token_ids)
+            seconds[method] += res.stats["decode_s"]
+        row["auto_over_ar"] = round(row["auto"]["tok_s"] / row["ar"]["tok_s"], 2)
+        rounds.append(row)
+        print(json.dumps({"round": r, **row}), file=sys.stderr, flush=True)
+    return {"side": "longspec", "profile": model.profile.describe(), "rounds": rounds,
+            "auto_over_ar": round(seconds["ar"] / seconds["auto"], 2),
+            "identical": ids["ar"] == ids["auto"]}
 
 
 def llama_cpp_side(model, args) -> dict:
@@ -164,6 +174,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen-coder-1.5b")
     p.add_argument("--max-new-tokens", type=int, default=4000)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds of ar and auto, the order turned each round")
     side = p.add_mutually_exclusive_group()
     side.add_argument("--llama-cpp", action="store_true", help="llama.cpp's side instead")
     side.add_argument("--grammar-cost", action="store_true",
