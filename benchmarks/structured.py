@@ -4,11 +4,11 @@ Structured outputs at length: the model extracts records from a text in its prom
 JSON document under a nested schema (greedy, end-of-sequence respected), decoded by `ar` and by
 `auto` under the same grammar in one process, in rounds whose order turns: tokens a second over
 the decode, the ratio, tokens a step, the forced tokens, where the answer ended, its distinct-4,
-whether `auto` wrote `ar`'s tokens and whether the document validates. `--llama-cpp` decodes the same chat under the same
-schema with llama.cpp instead (its own process; llama-cpp-python's schema-to-grammar and
-sampler; tokens a second over the decode, its prompt read by a first call of one token).
-`--grammar-cost` times the grammar's own work a committed token (masks, forced tokens,
-consuming) in `ar` against a plain step of the model without a grammar.
+whether `auto` wrote `ar`'s tokens and whether the document validates. `--llama-cpp` decodes
+the same chat under the same schema with llama.cpp instead (its own process; llama-cpp-python's
+schema-to-grammar and sampler; tokens a second over the decode, its prompt read by a first call
+of one token). `--grammar-cost` times the grammar's own work a committed token (masks, forced
+tokens, consuming) in `ar` against a plain step of the model without a grammar.
 
     python benchmarks/structured.py --model qwen-coder-1.5b
     python benchmarks/structured.py --model qwen-coder-1.5b --llama-cpp
