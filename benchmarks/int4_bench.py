@@ -26,8 +26,8 @@ from longspec.models.linear import pack_int4_mm
 # is Q8_0: two 4-bit halves, so twice this one)
 SHAPES = {"smollm2": [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)],
           "qwen-1.5b": [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)]}
-# a plain step, and draft trees or batches (int4_mm: 1-8 rows each in one pass over the codes
-# with AVX-512, 5-7 as 4 and the rest with AVX2; 13 and 16: two passes)
+# a plain step, and draft trees or batches (int4_mm: 1-8 rows each in one pass over the codes;
+# 13: two passes; 16: one with AVX2's blocks of 16, two with AVX-512)
 ROWS = (1, 2, 4, 5, 6, 7, 8, 13, 16)
 
 

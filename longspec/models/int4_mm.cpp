@@ -138,11 +138,6 @@ inline int32_t four(const int8_t* p) {
 
 #if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 constexpr int64_t LANES = 16;
-// The rows past the blocks of ROW_BLOCK in one pass over the codes, their sums in the 32
-// registers: 5 to 7 rows of SmolLM2's and Qwen2.5-Coder-1.5B's large products took 0.76-0.90x
-// the time of a block of 4 and the rest, on a Zen 4 (BENCHMARKS.md, "int4_mm"). AVX2's 16
-// registers spill them (0.96-1.08x): there, a block of 4 and the rest.
-constexpr bool ONE_PASS_REST = true;
 constexpr int64_t WIDE_BLOCK = ROW_BLOCK;
 using Floats = __m512;
 using Ints = __m512i;
@@ -195,7 +190,6 @@ inline Floats zeros() { return _mm512_setzero_ps(); }
 inline void store(float* p, Floats v) { _mm512_storeu_ps(p, v); }
 #else
 constexpr int64_t LANES = 8;
-constexpr bool ONE_PASS_REST = false;
 // Rows that share one unpacking of a tile's codes before the blocks of ROW_BLOCK: with the mins'
 // sums in a pass of their own (tile), blocks of 16 take 0.87-0.99x the time of blocks of 8 on
 // 16 to 32 rows of the 1.5B's products on a Zen 4 (with AVX-512's VNNI, 1.05-1.15x on its
@@ -397,10 +391,10 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
             tile<WIDE_BLOCK, BITS, SIXTEEN>(w, q, t, lane0, r0, y);
         for (; r0 + ROW_BLOCK <= rows; r0 += ROW_BLOCK)
           tile<ROW_BLOCK, BITS, SIXTEEN>(w, q, t, lane0, r0, y);
-        if (!ONE_PASS_REST && rows - r0 >= 4) {
-          tile<4, BITS, SIXTEEN>(w, q, t, lane0, r0, y);
-          r0 += 4;
-        }
+        // The rows past the blocks in one pass over the codes: 5 to 7 rows of SmolLM2's and
+        // Qwen2.5-Coder-1.5B's large products took 0.76-0.90x the time of a block of 4 and the
+        // rest with AVX-512 on a Zen 4, 0.81-0.86x with AVX2 on a Zen 3 (where AVX2 as a Zen 4
+        // runs it measured 0.96-1.08x; docs/benchmarks/kernels.md, "int4_mm").
         switch (rows - r0) {
           case 7: tile<7, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;
           case 6: tile<6, BITS, SIXTEEN>(w, q, t, lane0, r0, y); break;

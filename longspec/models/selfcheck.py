@@ -47,7 +47,7 @@ CONTEXT = 2 * CHUNK - 2
 PROMPT = 32
 CHAIN = 8        # depths run alone; the trees' chains are at most this long
 # The trees' row counts, reaching every class of rows the kernels treat apart:
-# - int4_mm.cpp's `product`: blocks of 8 rows (tile<8>), then one of 4, then one of 3, 2 or 1:
+# - int4_mm.cpp's `product`: blocks of 8 rows (tile<8>), then one block of the 1 to 7 left:
 #   2, 3, 4, 5, 7, 8, 9, 13 rows run every tile, alone and after others;
 # - dense products (linear.py's DenseLinear, native.cpp's `linear`): fewer rows than MIN_ROWS
 #   or min_rows padded (the token alone), up to MAX_ROWS as one product, whose kernel MKL and
