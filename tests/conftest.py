@@ -1,19 +1,27 @@
 """Fixtures shared by the drafter tests: a tiny random model that trains on bytes, a text
 file, an EAGLE drafter for the demo model trained in the session (a few seconds) and step costs
-that do not depend on how busy the machine is; and the `compiled` mark of the compiled code's
-tests."""
+that do not depend on how busy the machine is; the `compiled` mark of the compiled code's tests;
+and the switch that proves the exactness tests can fail (LONGSPEC_TEST_PERTURB_ROW=1)."""
 
 import os
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
-from helpers import make_checkpoint
+import torch
+from helpers import last_bit_flipped, make_checkpoint
 
 import longspec
 from longspec.batch_cost import BatchCost
 from longspec.models.compiled import extension, int4_mm_built
+from longspec.models.transformer import Transformer
 from longspec.sizing import StepCost
+
+# tests run in a process per core (pyproject.toml's addopts): a thread each, not as many threads
+# as cores each
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    torch.set_num_threads(1)
 
 # on a CPU Triton's kernels (models/tree_attention.py) run in its interpreter, which must be
 # chosen before triton is first imported
@@ -22,6 +30,31 @@ if os.environ.get("LONGSPEC_TEST_DEVICE", "cpu") == "cpu":
 
 # standard-library files the demo model saw in training: ~19K tokens
 DEMO_DATA = ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py", "queue.py", "heapq.py")
+
+
+def perturb_one_row() -> None:
+    """The test-only switch LONGSPEC_TEST_PERTURB_ROW=1: every forward of two rows or more gives
+    its last row's first hidden state (after the layers, compiled or Python, whatever kernels
+    the profile runs) with its lowest bit flipped, as a kernel whose sums for a row depend on
+    the rows beside it would. Each kernel profile's exactness run must fail under it (.ci/run
+    checks that it does). The row check runs afresh in a cache directory of its own, so that it
+    neither takes the answers of unperturbed runs nor leaves its own for them."""
+    layers = Transformer._layers
+
+    def perturbed(self, tokens, *args):
+        x, queries = layers(self, tokens, *args)
+        if x.shape[0] > 1:
+            x = x.clone()
+            x[-1, :1] = last_bit_flipped(x[-1, :1])
+        return x, queries
+
+    Transformer._layers = perturbed
+    os.environ["LONGSPEC_HOME"] = tempfile.mkdtemp(prefix="longspec-perturbed-")
+
+
+def pytest_configure(config):
+    if os.environ.get("LONGSPEC_TEST_PERTURB_ROW") == "1":
+        perturb_one_row()
 
 
 def compiled_code_absent(int4_mm: bool) -> str | None:
@@ -124,12 +157,21 @@ def demo_data() -> list[Path]:
 def demo_eagle(tmp_path_factory) -> Path:
     """The directory of an EAGLE drafter for the demo model: 30 steps of 2 x 128 tokens, guessing
     among the data's 1024 most frequent tokens (so that drafting over a draft vocabulary is what
-    the exactness tests run)."""
+    the exactness tests run). Trained once a test run: the first process of the run that needs
+    it trains it, the others wait for it and read it."""
+    from filelock import FileLock
+
     from longspec.heads.train import DrafterTraining, train_drafter
 
-    out = tmp_path_factory.mktemp("demo_eagle")
-    model = longspec.load_model("demo", dtype="float32", device="cpu")
-    cfg = DrafterTraining(kind="eagle", steps=30, batch_size=2, seq_len=128, warmup_steps=3,
-                          draft_vocab=1024)
-    train_drafter(model, demo_data(), cfg, out=out, progress=False)
+    run = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run = run.parent            # the run's directory, above each process's own
+    out = run / "demo_eagle"
+    with FileLock(str(run / "demo_eagle.lock")):
+        if not (run / "demo_eagle.trained").exists():
+            model = longspec.load_model("demo", dtype="float32", device="cpu")
+            cfg = DrafterTraining(kind="eagle", steps=30, batch_size=2, seq_len=128,
+                                  warmup_steps=3, draft_vocab=1024)
+            train_drafter(model, demo_data(), cfg, out=out, progress=False)
+            (run / "demo_eagle.trained").touch()
     return out

@@ -70,6 +70,12 @@ def make_checkpoint(out: Path, family: str = "llama", rope: str = "default", *,
     return model
 
 
+def last_bit_flipped(t: torch.Tensor) -> torch.Tensor:
+    """`t` with the lowest bit of every element flipped: a sum taken in another order."""
+    bits = {2: torch.int16, 4: torch.int32}[t.element_size()]
+    return (t.view(bits) ^ 1).view(t.dtype)
+
+
 def our_logits(model, ids):
     """longspec's logits [len(ids), vocab] for a prompt run in one causal forward."""
     from longspec.cache import StaticCache, causal_mask

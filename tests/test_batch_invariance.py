@@ -11,6 +11,7 @@ from longspec.cache import StaticCache
 from longspec.models.prefill import prefill
 from longspec.tree import TreeShape
 
+pytestmark = pytest.mark.profiles
 DTYPES = [torch.float32, torch.bfloat16]
 
 

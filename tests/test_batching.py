@@ -1,8 +1,9 @@
 """Many generations on one model: batched verification (batching.py) and interleaved streams
 each write exactly what the generation writes alone, for every method, greedy and sampled, in
 float32, bfloat16 and with int4 weights (the compiled layers' path). One forward over several
-generations' trees gives each segment bitwise its forward alone. CI runs this file under every
-kernel profile it can emulate (.ci/run)."""
+generations' trees gives each segment bitwise its forward alone. CI runs the tests marked
+`profiles` (the forward over several generations in every dtype, every method batched with int4
+weights) under every kernel profile it can emulate (.ci/run)."""
 
 import itertools
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ def prefilled(model, context: int, seed: int) -> StaticCache:
     return cache
 
 
+@pytest.mark.profiles
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_one_forward_over_several_generations_gives_each_its_forward_alone(dtype):
     target, _ = models(dtype)
@@ -91,9 +93,10 @@ def check_batched(dtype: str, setting: str, new_tokens: int, max_batch: int,
     assert any(s.result.stats["accepted_draft_tokens"] for s in streams)
 
 
-@pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
+@pytest.mark.parametrize("setting", [pytest.param("greedy_penalty", marks=pytest.mark.slow),
+                                     "sampling_min_p_penalty"])
 def test_every_method_in_a_batch_writes_what_it_writes_alone(setting, demo_eagle):
-    check_batched("float32", setting, 48, 5, demo_eagle)
+    check_batched("float32", setting, 32, 5, demo_eagle)
 
 
 def test_a_batch_choosing_its_members_tokens_together_writes_what_each_writes_alone(
@@ -109,12 +112,14 @@ def test_a_batch_choosing_its_members_tokens_together_writes_what_each_writes_al
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["bfloat16", "int4"])
-@pytest.mark.parametrize("setting", ["greedy", "sampling_top_p"])
+# int4 weights sampled with top-p: the fast tier's batch below
+@pytest.mark.parametrize("dtype,setting", [("bfloat16", "greedy"), ("bfloat16", "sampling_top_p"),
+                                           ("int4", "greedy")])
 def test_every_method_in_a_batch_writes_what_it_writes_alone_in(dtype, setting, demo_eagle):
-    check_batched(dtype, setting, 64, 6, demo_eagle)
+    check_batched(dtype, setting, 32, 6, demo_eagle)
 
 
+@pytest.mark.profiles
 def test_the_fast_tier_batches_bfloat16_and_int4_too(demo_eagle):
     check_batched("int4", "sampling_top_p", 32, 14, demo_eagle)
 

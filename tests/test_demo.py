@@ -1,7 +1,8 @@
 """`longspec demo`'s generations on SmolLM2, as the command runs them: the answer reads as text
 (it does not loop) and plain decoding writes the same tokens. The answer depends on the kernel
-profile, so CI runs this file under every profile it can emulate; it needs SmolLM2 in
-longspec's cache (`longspec fetch smollm2`) and skips without it."""
+profile: the slow tier checks it under the CPU's own (a run of minutes, too long to repeat under
+every profile CI acts as); it needs SmolLM2 in longspec's cache (`longspec fetch smollm2`) and
+skips without it."""
 
 import pytest
 

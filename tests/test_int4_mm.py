@@ -14,7 +14,7 @@ from helpers import opcheck_int4_mm
 
 from longspec.models.linear import pack_int4_mm, pack_int4_mm_16
 
-pytestmark = [pytest.mark.unit, pytest.mark.compiled("int4_mm")]
+pytestmark = [pytest.mark.unit, pytest.mark.compiled("int4_mm"), pytest.mark.profiles]
 
 
 def plain_operands(out: int, k: int, doubled: bool, half_scales: bool, bits: int = 4,
@@ -167,12 +167,14 @@ def test_threads_do_not_change_the_bits():
     packed, scale_min, _ = operands(256, 128, False, True)
     x = torch.randn(6, 128, generator=torch.Generator().manual_seed(3)).bfloat16()
     threads = torch.get_num_threads()
+    outs = []
     try:
-        torch.set_num_threads(1)
-        one = torch.ops.longspec.int4_mm(x, packed, scale_min)
+        for n in (1, 2):        # one thread, and the output columns split between two
+            torch.set_num_threads(n)
+            outs.append(torch.ops.longspec.int4_mm(x, packed, scale_min))
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(torch.ops.longspec.int4_mm(x, packed, scale_min), one)
+    assert torch.equal(*outs)
 
 
 def test_the_operator_passes_opcheck():

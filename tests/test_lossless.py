@@ -1,12 +1,16 @@
 """Every method writes exactly the tokens plain decoding writes: same seed, same settings,
-greedy and sampled, with and without the penalty, on the demo model, dense and quantized. The
-slow tier: 1K new tokens in float32 (greedy and sampled, both with the penalty) and 512 in
-bfloat16 and with int4 weights (greedy and top-p, without it), so that every setting runs long
-in one dtype; the fast tier: 128 tokens of the penalty settings in float32 and a sampled one in
-bfloat16 and int4, on another prompt. Exactness in bfloat16 rests on the batch-invariant
-forward (test_batch_invariance.py); int4 is the demo model quantized group-wise (`--quantize
-q4`), the path a GGUF file takes: its products on the int4 kernel, its layers compiled where a
-compiler is. CI runs this file under every kernel profile it can emulate (.ci/run)."""
+greedy and sampled, with and without the penalty, on the demo model, in float32, bfloat16 and
+with int4 weights (the demo model quantized group-wise, `--quantize q4`: the path a GGUF file
+takes, its products on the int4 kernel, its layers compiled where a compiler is). Exactness in
+bfloat16 rests on the batch-invariant forward (test_batch_invariance.py).
+
+Each case is the smallest that reaches its code: 64 new tokens, with caches, rebuilds and the
+penalty's window made small enough (OPTIONS, SETTINGS) that the partial cache ranks again, the
+retrieval cache is rebuilt and tokens slide out of the window several times within the run. The
+fast tier runs float32, and int4 weights sampled; the slow tier the rest, and a run of 320 tokens
+for the methods whose state grows with the text. The cases marked `profiles` (every method with
+int4 weights, each dtype with `auto` and `triforce`) run again under each lesser kernel profile
+CI can act as (.ci/run)."""
 
 import functools
 from pathlib import Path
@@ -21,13 +25,14 @@ from longspec.bench.prompts import default_prompt_text
 S = longspec.SamplingConfig
 SETTINGS = {
     "greedy": S(temperature=0),
-    "greedy_penalty": S(temperature=0, penalty=1.2, penalty_window=64),
-    "sampling_min_p_penalty": S(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=64),
+    "greedy_penalty": S(temperature=0, penalty=1.2, penalty_window=16),
+    "sampling_min_p_penalty": S(temperature=1.0, min_p=0.1, penalty=1.2, penalty_window=16),
     "sampling_top_p": S(temperature=0.8, top_p=0.9),
 }
-NEW_TOKENS = 1024
-BF16_NEW_TOKENS = 512
-# small retrieval and partial caches, so that they select and rank within these short runs;
+NEW_TOKENS = 64
+LONG_NEW_TOKENS = 320
+# small retrieval and partial caches, rebuilt and ranked again every 16-24 tokens, so that they
+# select and rank within these short runs;
 # scored trees at a fixed size, so that drafts are verified whatever the sizer would choose
 # ("auto" and "draft" keep adaptive sizing, as the defaults they are, under step costs that do
 # not depend on the machine (conftest.costs_that_pay), and auto with its gate off so that it
@@ -35,11 +40,11 @@ BF16_NEW_TOKENS = 512
 # check; `auto[fixed]` and the others keep the gate)
 FIXED = {"sizing": "fixed"}
 # the draft model's head over half the vocabulary and the text's blocks (with int4 weights)
-OPTIONS = {"selfspec": {"retrieval_budget": 128, "rebuild_every": 64},
+OPTIONS = {"selfspec": {"retrieval_budget": 64, "rebuild_every": 16},
            "draft": {"draft_vocab": 4096},
-           "triforce": {"retrieval_budget": 128, "rebuild_every": 64, "streaming_window": 64,
+           "triforce": {"retrieval_budget": 64, "rebuild_every": 16, "streaming_window": 32,
                         "draft_vocab": 4096},
-           "tokenswift": {"partial_budget": 96, **FIXED}, "suffix": FIXED, "ngram": FIXED,
+           "tokenswift": {"partial_budget": 40, **FIXED}, "suffix": FIXED, "ngram": FIXED,
            "recycling": FIXED, "heads": FIXED, "eagle": FIXED, "auto": {"gate": "off"},
            "auto[fixed]": FIXED, "auto[eagle]": FIXED, "auto[draft]": FIXED}
 # `auto[draft]`: `auto` with the draft model's chains among its sources
@@ -96,44 +101,49 @@ def check_matches_ar(entry: str, setting: str, prompt: str, new_tokens: int,
     assert res.stats["accepted_draft_tokens"] > 0       # the drafts were checked, and used
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
-@pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_token_for_token(method, setting, drafter):
-    check_matches_ar(method, setting, "transformers", NEW_TOKENS, drafter=drafter)
+# every method in each dtype, greedy and sampled (float32 and int4 weights with the penalty,
+# bfloat16 without it and with top-p); which of them the fast tier runs; the cross-section CI
+# runs under each lesser profile
+DTYPES = {"float32": ("greedy_penalty", "sampling_min_p_penalty"),
+          "int4": ("greedy_penalty", "sampling_min_p_penalty"),
+          "bfloat16": ("greedy", "sampling_top_p")}
+FAST = {("float32", "greedy_penalty"), ("float32", "sampling_min_p_penalty"),
+        ("int4", "sampling_min_p_penalty")}
+ACROSS_PROFILES = {("int4", "sampling_min_p_penalty"): METHODS,
+                   ("float32", "greedy_penalty"): ("auto", "triforce"),
+                   ("bfloat16", "sampling_top_p"): ("auto", "triforce")}
+# the methods whose tables and caches grow with the text: a longer run each, in the slow tier
+GROWING = ("auto", "suffix", "ngram", "recycling", "tokenswift", "selfspec", "triforce")
+
+
+def matrix():
+    for dtype, settings in DTYPES.items():
+        for setting in settings:
+            for method in METHODS:
+                marks = [] if (dtype, setting) in FAST else [pytest.mark.slow]
+                if method in ACROSS_PROFILES.get((dtype, setting), ()):
+                    marks.append(pytest.mark.profiles)
+                yield pytest.param(method, dtype, setting, marks=marks,
+                                   id=f"{method}-{dtype}-{setting}")
+
+
+@pytest.mark.parametrize("method,dtype,setting", matrix())
+def test_method_matches_ar_token_for_token(method, dtype, setting, drafter):
+    check_matches_ar(method, setting, "tqdm", NEW_TOKENS, dtype, drafter)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setting", ["greedy", "sampling_top_p"])
-@pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_token_for_token_in_bfloat16(method, setting, drafter):
-    check_matches_ar(method, setting, "transformers", BF16_NEW_TOKENS, "bfloat16", drafter)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("setting", ["greedy", "sampling_top_p"])
-@pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_token_for_token_with_int4_weights(method, setting, drafter):
-    check_matches_ar(method, setting, "transformers", BF16_NEW_TOKENS, "int4", drafter)
-
-
-@pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
-@pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_for_128_tokens(method, setting, drafter):
-    check_matches_ar(method, setting, "tqdm", 128, drafter=drafter)
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "int4"])
-@pytest.mark.parametrize("method", METHODS)
-def test_method_matches_ar_for_128_tokens_in_bfloat16(method, dtype, drafter):
-    check_matches_ar(method, "sampling_min_p_penalty", "tqdm", 128, dtype, drafter)
+@pytest.mark.parametrize("method", GROWING)
+def test_method_matches_ar_over_a_longer_run(method, drafter):
+    check_matches_ar(method, "sampling_min_p_penalty", "transformers", LONG_NEW_TOKENS,
+                     drafter=drafter)
 
 
 @pytest.mark.slow
 def test_tokenswift_drafting_from_the_verify_pass_matches_ar():
     target, _ = models()
     setting = "sampling_min_p_penalty"
-    res = longspec.generate(target, prompts()["transformers"], max_new_tokens=NEW_TOKENS,
+    res = longspec.generate(target, prompts()["transformers"], max_new_tokens=LONG_NEW_TOKENS,
                             method="tokenswift", sampling=SETTINGS[setting], seed=3,
                             ignore_eos=True, options={"draft_pass": "verify"})
-    assert tuple(res.token_ids) == reference("transformers", setting)
+    assert tuple(res.token_ids) == reference("transformers", setting, LONG_NEW_TOKENS)

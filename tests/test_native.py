@@ -23,7 +23,7 @@ from longspec.models.linear import DenseLinear, Int4Linear, RowParts, inner_prod
 from longspec.models.prefill import prefill
 from longspec.tree import TreeShape
 
-pytestmark = pytest.mark.compiled
+pytestmark = [pytest.mark.compiled, pytest.mark.profiles]
 
 
 def int4_models(path, family: str):

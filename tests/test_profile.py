@@ -16,6 +16,7 @@ from longspec.cli import main
 from longspec.models import selfcheck
 from longspec.models.profile import code_digest
 
+pytestmark = pytest.mark.profiles
 
 def test_profile_names_the_kernels_and_the_row_check_passes():
     model = longspec.load_model("demo", dtype="float32", device="cpu")

@@ -1,7 +1,8 @@
 """The prompt cache (prompt_cache.py): a request that starts as an earlier sequence on the model
 started, its prompt or its answer, copies those keys and values instead of computing them, and
 writes exactly the tokens a fresh run writes, every method, sampled (greedy in the slow tier),
-alone and in a batch; the cache never holds more than its bound. CI runs this file under every
+alone and in a batch; the cache never holds more than its bound. CI runs the tests marked
+`profiles` (`auto` in bfloat16 and with int4 weights, a batch with int4 weights) under every
 kernel profile it can emulate (.ci/run)."""
 
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ from longspec.prompt_cache import BLOCK, PromptCache
 from longspec.request import encode_prompt
 
 pytestmark = pytest.mark.usefixtures("costs_that_pay")
-NEW_TOKENS = 40
+NEW_TOKENS = 24
 
 
 def run(dtype: str, prompt, entry: str, setting: str, drafter=None, seed: int = 5):
@@ -61,7 +62,8 @@ def test_a_cache_hit_writes_what_a_fresh_run_writes(method, setting, drafter):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int4"])
-@pytest.mark.parametrize("method", ["ar", "auto", "tokenswift"])
+@pytest.mark.parametrize("method", ["ar", pytest.param("auto", marks=pytest.mark.profiles),
+                                    "tokenswift"])
 def test_a_cache_hit_writes_what_a_fresh_run_writes_in_bfloat16(method, dtype, drafter):
     check_next_turn_matches_a_fresh_run(dtype, method, "sampling_min_p_penalty", drafter)
 
@@ -83,7 +85,7 @@ def test_a_draft_models_keys_serve_it_as_a_target_too():
     assert fresh.stats["cached_tokens"] == 0 and hit.token_ids == fresh.token_ids
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int4"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("int4", marks=pytest.mark.profiles)])
 def test_a_batch_sharing_a_prefix_writes_what_each_writes_alone(dtype):
     """Lines sharing a long first part (a system prompt, a document) in one batch: the later
     ones copy it from the first one's prefill; each writes its own tokens alone, uncached."""

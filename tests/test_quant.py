@@ -28,6 +28,7 @@ from longspec.models.quant import (
     sixteen_operands,
 )
 
+pytestmark = pytest.mark.profiles
 KERNEL = torch.ops.aten._weight_int4pack_mm_for_cpu
 N, K = 64, 512
 

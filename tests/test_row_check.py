@@ -6,7 +6,7 @@ import json
 import warnings
 
 import pytest
-import torch
+from helpers import last_bit_flipped
 
 import longspec
 from longspec.cache.base import CHUNK
@@ -17,12 +17,6 @@ from longspec.models.linear import DenseLinear
 from longspec.models.native import NativeLayers
 
 PROMPT = "def parse(text):\n"
-
-
-def last_bit_flipped(t: torch.Tensor) -> torch.Tensor:
-    """`t` with the lowest bit of every element flipped: a sum taken in another order."""
-    bits = {2: torch.int16, 4: torch.int32}[t.element_size()]
-    return (t.view(bits) ^ 1).view(t.dtype)
 
 
 def wrong_for(rows: int, forward):

