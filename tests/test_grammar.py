@@ -59,7 +59,8 @@ def assert_follows(kind: str, text: str) -> None:
         assert text in CHOICES
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("sampling", [pytest.param("greedy", marks=pytest.mark.slow),
+                                      "sampled"])
 @pytest.mark.parametrize("entry,kind", [  # `auto` under a schema: under every kernel profile too
     pytest.param(*m, marks=pytest.mark.profiles) if m == ("auto", "json_schema") else m
     for m in METHODS])

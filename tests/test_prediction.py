@@ -13,7 +13,7 @@ import longspec
 from longspec.api import prediction_usage
 
 PROMPT = "def parse(text):\n"
-N = 96
+N = 48
 # the sizer's step costs as conftest's costs_that_pay gives them, not as timed: what `auto`
 # drafts depends on the text alone; trees of at most 16 nodes keep the steps short
 pytestmark = pytest.mark.usefixtures("costs_that_pay")

@@ -1,9 +1,9 @@
 """The prompt cache (prompt_cache.py): a request that starts as an earlier sequence on the model
 started, its prompt or its answer, copies those keys and values instead of computing them, and
-writes exactly the tokens a fresh run writes, every method, sampled (greedy in the slow tier),
-alone and in a batch; the cache never holds more than its bound. CI runs the tests marked
-`profiles` (`auto` in bfloat16 and with int4 weights, a batch with int4 weights) under every
-kernel profile it can emulate (.ci/run)."""
+writes exactly the tokens a fresh run writes, every method greedy and sampled (in the slow tier; the
+fast tier runs three methods in bfloat16 and with int4 weights), alone and in a batch; the cache
+never holds more than its bound. CI runs the tests marked `profiles` (`auto` in bfloat16 and with
+int4 weights, a batch with int4 weights) under every kernel profile it can emulate (.ci/run)."""
 
 from types import SimpleNamespace
 
@@ -54,8 +54,8 @@ def check_next_turn_matches_a_fresh_run(dtype: str, method: str, setting: str, d
     assert hit.token_ids == fresh.token_ids
 
 
-@pytest.mark.parametrize("setting", [pytest.param("greedy_penalty", marks=pytest.mark.slow),
-                                     "sampling_min_p_penalty"])
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["greedy_penalty", "sampling_min_p_penalty"])
 @pytest.mark.parametrize("method", METHODS)
 def test_a_cache_hit_writes_what_a_fresh_run_writes(method, setting, drafter):
     check_next_turn_matches_a_fresh_run("float32", method, setting, drafter)
