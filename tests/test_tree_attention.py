@@ -2,8 +2,9 @@
 attention.py's products), every row of a draft tree is bitwise the same token run alone after
 its ancestors (across chunk and split boundaries), a step at static shapes (models/graphs.py)
 gives the eager forward's rows, and a model whose attention runs in it (its tree steps at
-static shapes) writes with every method what `ar` writes. On a CPU Triton's interpreter runs
-the kernels, in float32 only (its products of bfloat16 tiles are wrong in Triton 3.9); with
+static shapes) writes with suffix and recycling drafts what `ar` writes. On a CPU Triton's
+interpreter runs the kernels, in float32 only (its products of bfloat16 tiles are wrong in
+Triton 3.9), the whole model's tests and the split boundary in the slow tier; with
 LONGSPEC_TEST_DEVICE=cuda they run on the GPU, in bfloat16 too, and the steps are captured.
 Generations batched on such a model (their steps at static shapes together: BatchSteps) each
 get their rows alone and write what they write alone."""
