@@ -57,6 +57,11 @@ constexpr int64_t ROW_BLOCK = 8;
 // Groups ahead whose codes are prefetched: with several rows a group's work outlasts its load,
 // and the hardware's prefetching alone left 4-row forwards of the 1.5B ~1.2x slower.
 constexpr int64_t AHEAD = 8;
+// Rows up to which a product takes all of a tile's lanes in one pass over its codes (AVX2's
+// tiles are two blocks of 8 lanes): each group's codes are read from memory once, in order,
+// where a pass a block read every tile twice. 1 to 4 rows of the 1.5B's products took
+// 0.80-0.94x the time on a Zen 3 (docs/benchmarks/kernels.md); more rows' sums spill.
+constexpr int64_t SPANNED = 4;
 
 // Row r's activations as int8 codes qx [k]; per group its step d and d * sum(qx), and the sums
 // of qx over its two halves of 16.
@@ -306,8 +311,9 @@ inline void unpack(const uint8_t* p, Ints* u) {
   }
 }
 
-// Rows [r0, r0 + R) of lanes [lane0, lane0 + LANES) of tile t; SIXTEEN: scales per 16, no mins.
-template <int R, int BITS, bool SIXTEEN, typename S, typename Y>
+// Rows [r0, r0 + R) of lanes [lane0, lane0 + SPAN * LANES) of tile t; SIXTEEN: scales per 16,
+// no mins.
+template <int R, int BITS, bool SIXTEEN, typename S, typename Y, int SPAN = 1>
 void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int64_t r0, Y* y) {
   const int64_t groups = w.groups, x_groups = q.groups;
   const uint8_t* codes = w.codes + t * groups * GROUP * TILE * BITS / 8 + lane0 * 4;
@@ -318,18 +324,18 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
   [[maybe_unused]] const S* scale_min = w.scale_min + t * groups * 2 * TILE + lane0;
   [[maybe_unused]] const uint8_t* blocks =
       reinterpret_cast<const uint8_t*>(w.scale_min) + t * groups / SUPER * SUPER_BYTES;
-  // a group's scales, and its mins (or the scales of k 16..31)
-  const auto scales = [&](int64_t g, Floats& first, Floats& second) {
+  // a group's scales, and its mins (or the scales of k 16..31), for lanes lane0 + lane on
+  const auto scales = [&](int64_t g, int64_t lane, Floats& first, Floats& second) {
     if constexpr (KQUANT) {
       const uint8_t* block = blocks + g / SUPER * SUPER_BYTES;
-      const at::Half* d = reinterpret_cast<const at::Half*>(block) + lane0;
+      const at::Half* d = reinterpret_cast<const at::Half*>(block) + lane0 + lane;
       const S* group_codes =
-          reinterpret_cast<const S*>(block + D_BYTES) + g % SUPER * 2 * TILE + lane0;
+          reinterpret_cast<const S*>(block + D_BYTES) + g % SUPER * 2 * TILE + lane0 + lane;
       first = mul(load_floats(group_codes), load_floats(d));
       second = mul(load_floats(group_codes + TILE), load_floats(SIXTEEN ? d : d + TILE));
     } else {
-      first = load_floats(scale_min + g * 2 * TILE);
-      second = load_floats(scale_min + g * 2 * TILE + TILE);
+      first = load_floats(scale_min + g * 2 * TILE + lane);
+      second = load_floats(scale_min + g * 2 * TILE + TILE + lane);
     }
   };
   // With AVX2's 16 registers, the mins' sums of 4 rows or more run in a pass of their own after
@@ -337,43 +343,51 @@ void tile(const Weights<S>& w, const Quantized& q, int64_t t, int64_t lane0, int
   // and apart 8 to 24 rows of the 1.5B's 4-bit products take 0.83-0.91x the time on a Zen 4.
   // With AVX-512's 32, beside them (apart: 1.01-1.06x the time).
   constexpr bool APART = LANES == 8 && !SIXTEEN && R >= 4;
-  Floats acc[R], offset[R];
-  for (int r = 0; r < R; ++r) acc[r] = offset[r] = zeros();
+  Floats acc[SPAN * R], offset[SPAN * R];
+  for (int r = 0; r < SPAN * R; ++r) acc[r] = offset[r] = zeros();
   Ints u[8];
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* ahead = codes + (g + AHEAD) * GROUP * TILE * BITS / 8;
     for (int64_t b = 0; b < GROUP * TILE * BITS / 8; b += 64)
       _mm_prefetch(reinterpret_cast<const char*>(ahead + b), _MM_HINT_T0);
-    unpack<BITS>(codes + g * GROUP * TILE * BITS / 8, u);
-    Floats first, second;
-    scales(g, first, second);
     const int64_t gx = g < x_groups ? g : g - x_groups;   // doubled: the second half's x
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = (r0 + r) * x_groups + gx;
-      Ints part[2];
-      group_dot<BITS, SIXTEEN ? 2 : 1>(u, q.codes.data() + i * GROUP,
-                                       q.half_total.data() + 2 * i, part);
-      const Floats step = broadcast(q.step[i]);
-      acc[r] = fma(to_floats(part[0]), mul(first, step), acc[r]);
-      if constexpr (SIXTEEN) acc[r] = fma(to_floats(part[1]), mul(second, step), acc[r]);
-      if constexpr (!SIXTEEN && !APART) offset[r] = fma(second, broadcast(q.sum[i]), offset[r]);
+    for (int s = 0; s < SPAN; ++s) {
+      unpack<BITS>(codes + g * GROUP * TILE * BITS / 8 + s * LANES * 4, u);
+      Floats first, second;
+      scales(g, s * LANES, first, second);
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = (r0 + r) * x_groups + gx;
+        Ints part[2];
+        group_dot<BITS, SIXTEEN ? 2 : 1>(u, q.codes.data() + i * GROUP,
+                                         q.half_total.data() + 2 * i, part);
+        const Floats step = broadcast(q.step[i]);
+        Floats& a = acc[s * R + r];
+        a = fma(to_floats(part[0]), mul(first, step), a);
+        if constexpr (SIXTEEN) a = fma(to_floats(part[1]), mul(second, step), a);
+        if constexpr (!SIXTEEN && !APART)
+          offset[s * R + r] = fma(second, broadcast(q.sum[i]), offset[s * R + r]);
+      }
     }
   }
   if constexpr (APART) {
     for (int64_t g = 0; g < groups; ++g) {
-      Floats first, second;
-      scales(g, first, second);
       const int64_t gx = g < x_groups ? g : g - x_groups;
-      for (int r = 0; r < R; ++r)
-        offset[r] = fma(second, broadcast(q.sum[(r0 + r) * x_groups + gx]), offset[r]);
+      for (int s = 0; s < SPAN; ++s) {
+        Floats first, second;
+        scales(g, s * LANES, first, second);
+        for (int r = 0; r < R; ++r)
+          offset[s * R + r] = fma(second, broadcast(q.sum[(r0 + r) * x_groups + gx]),
+                                  offset[s * R + r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    float out[LANES];
-    store(out, add(acc[r], offset[r]));
-    Y* row = y + (r0 + r) * w.n + t * TILE + lane0;
-    for (int64_t c = 0; c < LANES; ++c) row[c] = static_cast<Y>(out[c]);
-  }
+  for (int s = 0; s < SPAN; ++s)
+    for (int r = 0; r < R; ++r) {
+      float out[LANES];
+      store(out, add(acc[s * R + r], offset[s * R + r]));
+      Y* row = y + (r0 + r) * w.n + t * TILE + lane0 + s * LANES;
+      for (int64_t c = 0; c < LANES; ++c) row[c] = static_cast<Y>(out[c]);
+    }
 }
 
 template <int BITS, bool SIXTEEN, typename S, typename Y>
@@ -383,7 +397,18 @@ void product(const Quantized& q, int64_t rows, const Tensor& codes, const Tensor
                      scale_min.const_data_ptr<S>(), codes.size(0),
                      codes.size(1) * 8 / (BITS * GROUP)};
   at::parallel_for(0, w.n / TILE, 1, [&](int64_t begin, int64_t end) {
+    constexpr int SPAN = TILE / LANES;
     for (int64_t t = begin; t < end; ++t) {
+      if (rows <= SPANNED) {   // every lane block of the tile in one pass
+        switch (rows) {
+          case 1: tile<1, BITS, SIXTEEN, S, Y, SPAN>(w, q, t, 0, 0, y); break;
+          case 2: tile<2, BITS, SIXTEEN, S, Y, SPAN>(w, q, t, 0, 0, y); break;
+          case 3: tile<3, BITS, SIXTEEN, S, Y, SPAN>(w, q, t, 0, 0, y); break;
+          case 4: tile<4, BITS, SIXTEEN, S, Y, SPAN>(w, q, t, 0, 0, y); break;
+          default: break;
+        }
+        continue;
+      }
       for (int64_t lane0 = 0; lane0 < TILE; lane0 += LANES) {
         int64_t r0 = 0;
         if constexpr (WIDE_BLOCK > ROW_BLOCK)
