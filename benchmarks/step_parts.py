@@ -32,7 +32,7 @@ def median_ms(run, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def parts(model, context: int, q: int, repeats: int) -> dict:
+def parts(model, context: int, q: int, repeats: int, ops: int = 0) -> dict:
     net, c = model.net, model.config
     cache = random_cache(model, context, q + 8)
     tokens = torch.randint(0, c.vocab_size, (q,))
@@ -57,7 +57,49 @@ def parts(model, context: int, q: int, repeats: int) -> dict:
         "lm_head_ms": median_ms(lambda: net.lm_head(hidden), repeats)}
     row["rest_ms"] = row["whole_ms"] - row["products_ms"] - row["attention_ms"] - row[
         "lm_head_ms"]
+    if ops:
+        row["ops_ms"] = op_times(lambda: net(tokens, positions, cache, mask).logits.argmax(-1)
+                                 .tolist(), repeats, ops)
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def op_times(run, repeats: int, top: int) -> dict:
+    """The `top` framework calls of a run by their own time, ms a run (mean of `repeats`)."""
+    run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(repeats):
+            run()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {e.key: round(e.self_cpu_time_total / 1e3 / repeats, 2) for e in events[:top]}
+
+
+def alternate(model, shapes: list[tuple[int, int]], rounds: int) -> list[dict]:
+    """Whole forwards of every (context, rows) in turn, `rounds` times: medians, ms, and each
+    over the median of the first shape with its context."""
+    net, c = model.net, model.config
+    runs = []
+    for context, q in shapes:
+        cache = random_cache(model, context, q + 8)
+        tokens = torch.randint(0, c.vocab_size, (q,))
+        positions = torch.arange(context, context + q)
+        mask = causal_mask(q, model.dtype, model.device) if q > 1 else None
+        runs.append(lambda net=net, t=tokens, p=positions, k=cache, m=mask:
+                    net(t, p, k, m).logits.argmax(-1).tolist())
+    for run in runs:
+        run()
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(rounds):
+        for run, spent in zip(runs, times):
+            begin = time.perf_counter()
+            run()
+            spent.append(1e3 * (time.perf_counter() - begin))
+    medians = [statistics.median(t) for t in times]
+    first = {}
+    for (context, _), m in zip(shapes, medians):
+        first.setdefault(context, m)
+    return [{"context": context, "rows": q, "whole_ms": round(m, 1),
+             "fastest_ms": round(min(t), 1), "over_first": round(m / first[context], 2)}
+            for (context, q), m, t in zip(shapes, medians, times)]
 
 
 def main() -> None:
@@ -66,12 +108,21 @@ def main() -> None:
     p.add_argument("--at", default="2048:1,2048:8,2048:16,8192:1,8192:8,8192:16,1536:512",
                    help="comma-separated context:rows")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--ops", type=int, default=0,
+                   help="also the whole forward's N costliest framework calls")
+    p.add_argument("--alternate", type=int, default=0, metavar="N",
+                   help="only whole forwards, every shape in turn for N rounds")
     args = p.parse_args()
     model = longspec.load_model(args.model)
     print(f"kernel profile: {model.profile.describe()}", flush=True)
-    for spec in args.at.split(","):
-        context, q = (int(x) for x in spec.split(":"))
-        print(json.dumps(parts(model, context, q, args.repeats if q < 100 else 1)), flush=True)
+    shapes = [tuple(int(x) for x in spec.split(":")) for spec in args.at.split(",")]
+    if args.alternate:
+        for row in alternate(model, shapes, args.alternate):
+            print(json.dumps(row), flush=True)
+        return
+    for context, q in shapes:
+        print(json.dumps(parts(model, context, q, args.repeats if q < 100 else 1, args.ops)),
+              flush=True)
 
 
 if __name__ == "__main__":
