@@ -32,12 +32,19 @@ def median_ms(run, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def parts(model, context: int, q: int, repeats: int, ops: int = 0) -> dict:
-    net, c = model.net, model.config
+def forward_inputs(model, context: int, q: int) -> tuple:
+    """A forward of q rows over a random cache of `context` positions: tokens, positions, the
+    cache and the block's causal mask."""
     cache = random_cache(model, context, q + 8)
-    tokens = torch.randint(0, c.vocab_size, (q,))
+    tokens = torch.randint(0, model.config.vocab_size, (q,))
     positions = torch.arange(context, context + q)
     mask = causal_mask(q, model.dtype, model.device) if q > 1 else None
+    return tokens, positions, cache, mask
+
+
+def parts(model, context: int, q: int, repeats: int, ops: int = 0) -> dict:
+    net, c = model.net, model.config
+    tokens, positions, cache, mask = forward_inputs(model, context, q)
     hidden = torch.randn(q, c.hidden_size, dtype=model.dtype)
     inner = torch.randn(q, c.intermediate_size, dtype=model.dtype)
     queries = torch.randn(q, c.num_heads, c.head_dim, dtype=model.dtype)
@@ -76,22 +83,14 @@ def op_times(run, repeats: int, top: int) -> dict:
 def alternate(model, shapes: list[tuple[int, int]], rounds: int) -> list[dict]:
     """Whole forwards of every (context, rows) in turn, `rounds` times: medians, ms, and each
     over the median of the first shape with its context."""
-    net, c = model.net, model.config
-    runs = []
-    for context, q in shapes:
-        cache = random_cache(model, context, q + 8)
-        tokens = torch.randint(0, c.vocab_size, (q,))
-        positions = torch.arange(context, context + q)
-        mask = causal_mask(q, model.dtype, model.device) if q > 1 else None
-        runs.append(lambda net=net, t=tokens, p=positions, k=cache, m=mask:
-                    net(t, p, k, m).logits.argmax(-1).tolist())
-    for run in runs:
-        run()
-    times: list[list[float]] = [[] for _ in runs]
+    inputs = [forward_inputs(model, context, q) for context, q in shapes]
+    for each in inputs:
+        model.net(*each)
+    times: list[list[float]] = [[] for _ in inputs]
     for _ in range(rounds):
-        for run, spent in zip(runs, times):
+        for each, spent in zip(inputs, times):
             begin = time.perf_counter()
-            run()
+            model.net(*each).logits.argmax(-1).tolist()
             spent.append(1e3 * (time.perf_counter() - begin))
     medians = [statistics.median(t) for t in times]
     first = {}
