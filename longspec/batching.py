@@ -26,8 +26,10 @@ counts a step for how far it moved that end.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import torch
 
@@ -42,6 +44,9 @@ from .sampler import choices_together
 from .sizing import calibration_key
 from .tree import DraftTree
 from .verify import TargetOutput, Verdict, verify_trees
+
+log = logging.getLogger("longspec.batching")
+T = TypeVar("T")
 
 # generations a batch steps at once, unless told: on 2 CPU cores plain decoding gains 1.15x
 # more from 4 to 8 SmolLM2 chat answers and `auto` 1.10x, while each generation's memory is
@@ -123,72 +128,109 @@ class Batch:
                 return
 
     def leave(self, stream: Stream, finished: bool) -> None:
-        """Drop a member: its generation ends (`finished`) or is stopped where it is."""
+        """Drop a member: its generation ends (`finished`) or is stopped where it is. A stream
+        that is not a member (it left already) is left alone. The stream ends and leaves even
+        where its engine's finish raises; the error then goes on to the caller."""
+        if stream not in self.members:
+            return
         self.members.remove(stream)
         engine = stream.engine
-        if self.steps is not None and engine.steps is not None:
-            self.steps.forget(engine.steps)
-        engine.finish()
-        engine.stats.peak_memory_bytes = self._memory.so_far()
-        stream.end(finished)
-        if not self.members:
-            self._close_memory()
+        try:
+            if self.steps is not None and engine.steps is not None:
+                self.steps.forget(engine.steps)
+            engine.finish()
+        finally:
+            engine.stats.peak_memory_bytes = self._memory.so_far()
+            stream.end(finished)
+            if not self.members:
+                self._close_memory()
 
     def _close_memory(self) -> None:
         self._memory.__exit__(None)
         self._memory = None
 
     def close(self) -> None:
-        """Stop every member where it is."""
+        """Stop every member where it is (each one's finish raising or not)."""
         for s in list(self.members):
-            self.leave(s, False)
+            try:
+                self.leave(s, False)
+            except Exception:   # stopping: what it learned is lost, nothing else
+                log.exception("a generation's finish failed while its batch closed")
 
-    def step(self) -> list[tuple[Stream, Chunk]]:
-        """One step of every member: each stream's chunk of new tokens. Members that are done
-        leave."""
+    def step(self) -> list[tuple[Stream, Chunk | Exception]]:
+        """One step of every member: each stream's chunk of new tokens, or the exception that
+        ended its generation. A fault in a member's own part of the step (its drafting, sizing,
+        judging, committing, text or finish) ends that generation alone; one in the forward
+        they share ends them all. Members that are done or failed leave."""
         begin = time.perf_counter()
-        engines = [s.engine for s in self.members]
-        if len(engines) == 1:
-            news = [engines[0].step()]
-        else:
-            news = self._step(engines)
+        members = list(self.members)
+        failed: dict[int, Exception] = {}       # by id(engine)
+        try:
+            if len(members) == 1:
+                news = {id(members[0].engine): members[0].engine.step()}
+            else:
+                news = self._step([s.engine for s in members], failed)
+        except Exception as e:      # noqa: BLE001 (the step they share: handed to each member)
+            news, failed = {}, {id(s.engine): e for s in members}
         seconds = time.perf_counter() - begin
-        out = []
-        for stream, new in zip(list(self.members), news):
-            stream.engine.stats.decode_s += seconds
-            out.append((stream, stream.take(new)))
-            if stream.engine.done:
-                self.leave(stream, True)
+        out: list[tuple[Stream, Chunk | Exception]] = []
+        for stream in members:
+            engine = stream.engine
+            if id(engine) not in failed:
+                try:
+                    engine.stats.decode_s += seconds
+                    chunk = stream.take(news[id(engine)])
+                    if engine.done:
+                        self.leave(stream, True)
+                    out.append((stream, chunk))
+                    continue
+                except Exception as e:  # noqa: BLE001 (handed to the caller with its stream)
+                    failed[id(engine)] = e
+            try:
+                self.leave(stream, False)
+            except Exception:   # the generation failed already: this adds nothing
+                log.exception("a failed generation's finish failed too")
+            out.append((stream, failed[id(engine)]))
         return out
 
-    def _step(self, engines: list[Engine]) -> list[list[int]]:
+    def _step(self, engines: list[Engine], failed: dict[int, Exception]
+              ) -> dict[int, list[int]]:
+        """The tokens each member's step commits, by id(engine); a member whose own part
+        raises is in `failed` instead and out of the rest of the step."""
         cost = self._cost(engines)
         started, measured = time.perf_counter(), cost.measuring_s
-        left = [e.max_new_tokens - e.stats.new_tokens for e in engines]
         drafting = self.gate.choose()
         sure = not drafting and self.sure.choose()
-        drafts = [e.draft() if drafting or not e.drafter.plain_steps
-                  else self._plain_step(e, sure) for e in engines]
-        trees, sizing = self._size(engines, drafts, cost, left)
+        drafts = [_guarded(failed, e, lambda e=e: e.draft() if drafting or not e.drafter
+                           .plain_steps else self._plain_step(e, sure)) for e in engines]
+        engines, drafts = _alive(failed, engines, drafts)
+        left = [e.max_new_tokens - e.stats.new_tokens for e in engines]
+        trees, sizing = self._size(engines, drafts, cost, left, failed)
+        engines, trees, sizing, left = _alive(failed, engines, trees, sizing, left)
+        if not engines:
+            return {}
         begin = time.perf_counter()
         outs = self._forward(engines, trees)
         forward_s = time.perf_counter() - begin
         rows = sum(t.n for t in trees)
         # each member's part of the step: its sizing, its rows' share of the forward
         verdicts = self._judge(engines, trees, outs, [seconds + forward_s * tree.n / rows
-                                                      for tree, seconds in zip(trees, sizing)])
+                                                      for tree, seconds in zip(trees, sizing)],
+                               failed)
         cost.observe(rows, time.perf_counter() - begin)
         news = []
-        for e, tree, (target, verdict) in zip(engines, trees, verdicts):
+        for e, tree, judged in zip(engines, trees, verdicts):
             e.stats.verify_forward_s += forward_s
-            news.append(e.commit(tree, target, verdict))
+            news.append(None if judged is None
+                        else _guarded(failed, e, lambda e=e, t=tree, j=judged: e.commit(t, *j)))
+        engines, trees, left, news = _alive(failed, engines, trees, left, news)
         measuring = cost.measuring_s - measured      # timing steps: not a step's
         worth, seconds = self._worth(left, news), time.perf_counter() - started - measuring
         self.gate.record(drafting, worth, seconds)
         carried = any(t.n > 1 for e, t in zip(engines, trees) if e.drafter.plain_steps)
         if not drafting and (carried or not sure):      # sure drafts carried, or none allowed
             self.sure.record(sure, worth, seconds)
-        return news
+        return {id(e): new for e, new in zip(engines, news)}
 
     def _forward(self, engines: list[Engine], trees: list[DraftTree]) -> list:
         """The target's one forward over every member's tree: at static shapes where the
@@ -203,15 +245,16 @@ class Batch:
                                            return_hidden=hidden)
 
     def _judge(self, engines: list[Engine], trees: list[DraftTree], outs: list,
-               seconds: list[float]) -> list[tuple[TargetOutput, Verdict]]:
+               seconds: list[float], failed: dict[int, Exception]
+               ) -> list[tuple[TargetOutput, Verdict] | None]:
         """Each member's TargetOutput and verdict, as Engine.judge gives them (`seconds`: each
         one's part of the step so far): together where the batch samples together
         (samples_together) and its members share a sampling setting outside rejection mode,
-        else one member at a time."""
+        else one member at a time (None for a member whose judging raised: `failed`)."""
         samplers = [e.sampler for e in engines]
         config = samplers[0].config
         if not self.together or any(s.config != config or s.rejection for s in samplers):
-            return [e.judge(tree, out, part)
+            return [_guarded(failed, e, lambda e=e, t=tree, o=out, p=part: e.judge(t, o, p))
                     for e, tree, out, part in zip(engines, trees, outs, seconds)]
         begin = time.perf_counter()
         processed, choices = choices_together(samplers, trees,
@@ -258,10 +301,11 @@ class Batch:
                          max(engines, key=lambda e: e.budget.max_nodes))
 
     def _size(self, engines: list[Engine], drafts: list[tuple[DraftTree, float]],
-              cost: BatchCost, left: list[int]) -> tuple[list[DraftTree], list[float]]:
+              cost: BatchCost, left: list[int], failed: dict[int, Exception]
+              ) -> tuple[list[DraftTree | None], list[float]]:
         """Each member's tree cut for the batch, in turn (see the module's docstring), and the
         seconds each one's sizing took (timing steps for it left out); `left`: the tokens each
-        member has left to generate."""
+        member has left to generate. None for a member whose sizing raised (`failed`)."""
         adaptive = any(e.budget.sizing == "adaptive" for e in engines)
         if adaptive:
             widest = cost.widest
@@ -276,7 +320,12 @@ class Batch:
         for i, (e, (tree, _)) in enumerate(zip(engines, drafts)):
             begin, measuring = time.perf_counter(), cost.measuring_s
             others = (sum(gains) - gains[i], sum(rows) - rows[i])
-            tree = e.size(tree, drafting, cost, others, worth[i])
+            tree = _guarded(failed, e, lambda e=e, t=tree, o=others, w=worth[i]:
+                            e.size(t, drafting, cost, o, w))
+            if tree is None:
+                trees.append(None)
+                seconds.append(0.0)
+                continue
             rows[i] = tree.n
             if tree.scores is not None:
                 gains[i] = worth[i] * sum(e.sizer.calibration.scores(tree))
@@ -303,6 +352,21 @@ class Batch:
         return seconds
 
 
+def _guarded(failed: dict[int, Exception], engine: Engine, call: Callable[[], T]) -> T | None:
+    """call()'s value, or None where it raises: the member has failed (failed[id(engine)])."""
+    try:
+        return call()
+    except Exception as e:      # noqa: BLE001 (the member's generation ends with it)
+        failed[id(engine)] = e
+        return None
+
+
+def _alive(failed: dict[int, Exception], engines: list[Engine], *columns: list) -> tuple:
+    """The engines that have not failed, and each column's entries for them."""
+    keep = [i for i, e in enumerate(engines) if id(e) not in failed]
+    return tuple([column[i] for i in keep] for column in (engines, *columns))
+
+
 def run_batch(model, streams: Iterable[Stream], max_batch: int
               ) -> Iterator[tuple[Stream, Chunk]]:
     """Run the streams, at most `max_batch` at a time, in the order given (a stream joins when
@@ -324,7 +388,10 @@ def run_batch(model, streams: Iterable[Stream], max_batch: int
                     yield stream, Chunk([], "")
             if batch.members:
                 batch.closed = following is None
-                yield from batch.step()
+                for stream, item in batch.step():
+                    if isinstance(item, Exception):
+                        raise item
+                    yield stream, item
     finally:
         batch.close()
 

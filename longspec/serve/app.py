@@ -76,6 +76,9 @@ class Server:
         if body.n > self.config.max_queue:
             raise APIError(400, f"n={body.n} choices cannot wait in this server's queue of "
                            f"{self.config.max_queue}; ask for fewer", param="n")
+        if not self.worker.thread.is_alive():
+            raise APIError(503, "the server's generation worker has stopped; restart the server",
+                           "server_error", code="worker_stopped")
         if self.worker.room() < body.n:     # refuse before building anything (checked again)
             raise self.queue_full()
         try:
@@ -253,9 +256,15 @@ def create_app(model: Model, config: ServeConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "waiting": server.worker.waiting(),
-                "running": len(server.worker.running),
-                "speculation": speculation,
+        """ok while the worker thread lives (503 once it has stopped: nothing queued would
+        run); `busy_s`: how long its current step, admission or call has run so far."""
+        worker = server.worker
+        alive = worker.thread.is_alive()
+        body = {"status": "ok" if alive else "unhealthy",
+                "worker": "running" if alive else "stopped",
+                "busy_s": round(worker.busy_s(), 3), "waiting": worker.waiting(),
+                "running": len(worker.running), "speculation": speculation,
                 "kernel_profile": profile}
+        return JSONResponse(body, status_code=200 if alive else 503)
 
     return app

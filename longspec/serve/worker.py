@@ -99,6 +99,7 @@ class Worker:
         self._wake = threading.Event()
         self._submitting = threading.Lock()
         self._stopping = False
+        self._busy_since: float | None = None    # time.monotonic() its current work began
         self.thread = threading.Thread(target=self._loop, name="longspec-generate", daemon=True)
         self.thread.start()
 
@@ -152,22 +153,25 @@ class Worker:
 
     # -- the worker thread ----------------------------------------------------------------------
 
+    def busy_s(self) -> float:
+        """Seconds the worker has spent on its current piece of work (a step, an admission,
+        a call); 0 while it waits for one."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
+
     def _loop(self) -> None:
         batch: Batch | None = None
         try:
             while not self._stopping or self.running:
-                self._run_calls()
-                while len(self.running) < self.max_batch and not self._stopping:
-                    try:
-                        job = self.queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if batch is None:
-                        batch = Batch(job.stream.model)
-                    self._admit(batch, job)
-                if self.running:
-                    self._step(batch)
-                elif not self._stopping:
+                try:
+                    batch = self._round(batch)
+                except Exception as e:      # the worker must outlive it
+                    log.exception("the worker's step failed; its generations end")
+                    self._fail_all(batch, f"{type(e).__name__}: {e}")
+                    batch = None
+                finally:
+                    self._busy_since = None
+                if not self.running and not self._stopping:
                     self._wake.wait()       # nothing to step: until a job or a call comes
                     self._wake.clear()
         finally:
@@ -176,6 +180,31 @@ class Worker:
             while not self._calls.empty():
                 _, future = self._calls.get()
                 future.set_exception(RuntimeError("the server is shutting down"))
+
+    def _round(self, batch: Batch | None) -> Batch | None:
+        """The calls waiting, the jobs that fit, then one step of the batch; the batch."""
+        self._busy_since = time.monotonic()
+        self._run_calls()
+        while len(self.running) < self.max_batch and not self._stopping:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if batch is None:
+                batch = Batch(job.stream.model)
+            self._admit(batch, job)
+        if self.running:
+            self._step(batch)
+        return batch
+
+    def _fail_all(self, batch: Batch | None, error: str) -> None:
+        """End every running job with `error` and close the batch (the caller drops it; the
+        next job makes a new one): what is left after a failure outside any one generation."""
+        if batch is not None:
+            batch.close()
+        for job in list(self.running):
+            self.running.remove(job)
+            self._end(job, error=error)
 
     def _run_calls(self) -> None:
         while not self._calls.empty():
@@ -209,26 +238,30 @@ class Worker:
             self.running.append(job)
 
     def _step(self, batch: Batch) -> None:
+        """One step of the batch; each job's chunk goes out, a failed or finished job ends
+        (a failure ends its own generation alone: Batch.step), then a cancelled or expired one
+        leaves."""
         by_stream = {id(job.stream): job for job in self.running}
-        try:
-            chunks = batch.step()
-        except Exception as e:      # the batch's members stop; the worker goes on
-            log.exception("generation failed")
-            for job in list(self.running):
-                batch.leave(job.stream, False)
-                self.running.remove(job)
-                self._end(job, error=f"{type(e).__name__}: {e}")
-            return
-        for stream, chunk in chunks:
+        for stream, item in batch.step():
             job = by_stream[id(stream)]
-            job.emit(chunk)
+            if isinstance(item, Exception):
+                log.error("generation failed", exc_info=item)
+                self.running.remove(job)
+                self._end(job, error=f"{type(item).__name__}: {item}")
+                continue
+            job.emit(item)
             if stream.result is not None:       # its generation ended: it left the batch
                 self.running.remove(job)
                 self._end(job)
         for job in list(self.running):
             if job.cancelled or job.expired():
-                batch.leave(job.stream, False)
                 self.running.remove(job)
+                try:
+                    batch.leave(job.stream, False)
+                except Exception as e:  # its finish failed: it ends with that
+                    log.exception("generation failed")
+                    self._end(job, error=f"{type(e).__name__}: {e}")
+                    continue
                 self._end(job, timed_out=not job.cancelled)
 
     def _end(self, job: Job, timed_out: bool = False, error: str | None = None) -> None:
