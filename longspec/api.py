@@ -59,7 +59,7 @@ def prediction_usage(prediction: list[int], output: list[int]) -> dict:
     return {"accepted_tokens": accepted, "rejected_tokens": len(prediction) - accepted}
 
 
-def _stop_rules(model: Model, stop, ignore_eos: bool) -> StopRules:
+def _stop_rules(model: Model, stop, ignore_eos: bool, least: int = 0) -> StopRules:
     if stop is None:
         stop = []
     stop = [stop] if isinstance(stop, str) or not isinstance(stop, Iterable) else list(stop)
@@ -77,7 +77,7 @@ def _stop_rules(model: Model, stop, ignore_eos: bool) -> StopRules:
                              f"vocabulary, got {s!r}")
         ids.add(token)
     eos = set() if ignore_eos else set(model.eos_token_ids)
-    return StopRules(eos, ids, strings, model.tokenizer)
+    return StopRules(eos, ids, strings, model.tokenizer, least)
 
 
 def prepare(model: Model, request: Request) -> tuple[Engine, list[int]]:
@@ -107,7 +107,7 @@ def _prepare(model: Model, request: Request
     check_length(model, len(prompt_ids), n)
     resumed = resumed_ids(model, r, n)
     grammar = checked_grammar(model, r, resumed)
-    rules = _stop_rules(model, r.stop, r.ignore_eos)
+    rules = _stop_rules(model, r.stop, r.ignore_eos, r.min_new_tokens)
     stop_at = rules.cut(resumed)
     if stop_at is not None and stop_at < len(resumed):
         raise ValueError(f"resume_from ends the generation at its token {stop_at - 1} (a stop "
@@ -120,7 +120,8 @@ def _prepare(model: Model, request: Request
         budget, options = spec.resolve(None)
     sampler = Sampler(sampling, seed, prompt_ids, model.config.vocab_size, model.device,
                       rejection=r.verify == "rejection", grammar=grammar,
-                      bias=logit_bias(model, r))
+                      bias=logit_bias(model, r),
+                      least=(r.min_new_tokens, sorted(rules.eos_ids | rules.stop_ids)))
     context = len(prompt_ids) + n
     sizer = generation_sizer(model, r.method, sampler.config, budget.max_nodes)
     drafter = spec.build(DraftSetup(model, budget, options, sampler, sizer, r.draft_model,

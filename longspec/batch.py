@@ -29,7 +29,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .api import GenerationResult, Stream, stream_request
@@ -49,10 +49,10 @@ from .sidecar import (
 )
 
 # a line's own settings: generate's, with the sampling settings named as in SamplingConfig
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "eta", "penalty", "penalty_window")
-LINE_SETTINGS = ("max_new_tokens", "method", "seed", "stop", "ignore_eos", "options",
-                 "prediction", "json_schema", "regex", "grammar", "choice", "response_format",
-                 *SAMPLING_KEYS)
+SAMPLING_KEYS = tuple(f.name for f in fields(SamplingConfig))
+LINE_SETTINGS = ("max_new_tokens", "min_new_tokens", "method", "seed", "stop", "ignore_eos",
+                 "options", "prediction", "json_schema", "regex", "grammar", "choice",
+                 "response_format", *SAMPLING_KEYS)
 
 
 # OpenAI's Batch API: the endpoints a line may name, and whether each is a chat's

@@ -26,6 +26,8 @@ class Request:
 
     prompt: Any                               # text, token ids, or chat messages
     max_new_tokens: int = 256
+    min_new_tokens: int = 0                   # new tokens before an end (EOS, a stop token
+                                              # or string) may come: vLLM's min_tokens
     method: str = "auto"
     sampling: SamplingConfig | None = None    # None: SamplingConfig() (temperature 1)
     seed: int = 0                             # 0 .. 2^63 - 1
@@ -59,6 +61,7 @@ class Request:
     # tool_choice ("none", "auto", "required" or a named function): tools.py
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True          # False: one call at most (OpenAI's)
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -86,6 +89,9 @@ def checked_settings(r: Request) -> tuple[int, int, SamplingConfig]:
     n = as_int(r.max_new_tokens, "max_new_tokens")
     if n <= 0:
         raise ValueError(f"max_new_tokens must be a positive integer, got {n}")
+    least = as_int(r.min_new_tokens, "min_new_tokens")
+    if not 0 <= least <= n:
+        raise ValueError(f"min_new_tokens must be in 0 .. max_new_tokens ({n}), got {least}")
     seed = as_int(r.seed, "seed")
     if not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed must be in 0 .. 2^63 - 1, got {seed}")
@@ -104,7 +110,7 @@ def checked_settings(r: Request) -> tuple[int, int, SamplingConfig]:
         if r.resume_from is not None:
             raise ValueError("logprobs cover the tokens a run writes: they do not combine with "
                              "resume_from")
-    for flag in ("ignore_eos", "keep_special", "include_stop"):
+    for flag in ("ignore_eos", "keep_special", "include_stop", "parallel_tool_calls"):
         if not isinstance(getattr(r, flag), bool):
             raise TypeError(f"{flag} must be True or False")
     return n, seed, sampling.validate()
@@ -246,16 +252,16 @@ def checked_grammar(model: Model, r: Request, resumed: list[int]) -> GrammarStat
     """The grammar state of a constrained request (None for free text): its constraint, or its
     tool_choice's (tools.py), compiled for the model; a ValueError naming what cannot be."""
     constraint = r.constraint()
-    _, calls = checked_tools(model, r.tools, r.tool_choice)
+    _, calls = checked_tools(model, r.tools, r.tool_choice, r.parallel_tool_calls)
     if constraint is not None and calls is not None:
         raise ValueError("tool_choice holds the output to tool calls: it does not combine with "
                          "another constraint")
     constraint = constraint or calls
     if constraint is None:
         return None
-    if r.ignore_eos:
-        raise ValueError("a constrained output ends where its grammar does: ignore_eos does "
-                         "not apply")
+    if r.ignore_eos or r.min_new_tokens:
+        raise ValueError("a constrained output ends where its grammar does: "
+                         f"{'ignore_eos' if r.ignore_eos else 'min_new_tokens'} does not apply")
     if r.verify == "rejection":
         raise ValueError("verify='rejection' does not take a grammar (its drafts' "
                          "distributions are not masked): use verify='match'")

@@ -28,10 +28,13 @@ WHOLE_OUTPUT = 2**62    # a window that holds every token (the output's counts)
 
 class Sampler:
     def __init__(self, config: SamplingConfig, seed: int, prompt_ids: list[int], vocab_size: int,
-                 device: torch.device, rejection: bool = False,
-                 grammar: GrammarState | None = None, bias: torch.Tensor | None = None):
+                 device: torch.device, *, rejection: bool = False,
+                 grammar: GrammarState | None = None, bias: torch.Tensor | None = None,
+                 least: tuple[int, list[int]] = (0, [])):
         """`grammar`: the state of the grammar the new tokens must follow, or None; `bias`
-        [vocab]: added to every row's logits (OpenAI's logit_bias), or None."""
+        [vocab]: added to every row's logits (OpenAI's logit_bias), or None; `least`: the new
+        tokens before which the ending ids (EOS, stop tokens) are never chosen, and those ids
+        (min_new_tokens)."""
         self.config = config
         self.seed = seed
         self.device = device
@@ -49,6 +52,19 @@ class Sampler:
         # the output's tokens (the prompt's not), counted for frequency and presence penalties
         self.output = (PenaltyWindow(WHOLE_OUTPUT, vocab_size, device)
                        if config.counts_output else None)
+        self.least = least[0] if least[1] else 0
+        self.ending = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        self.ending[least[1]] = True
+
+    def _early(self, allowed: torch.Tensor | None, new_before: torch.Tensor
+               ) -> torch.Tensor | None:
+        """`allowed` [n, vocab] (None: every token) less the ending ids in the rows whose
+        choice would be a new token before the min_new_tokens-th (`new_before` [n]: the new
+        tokens ahead of each row's choice)."""
+        if self.least == 0 or int(new_before.min()) + 1 > self.least:
+            return allowed
+        early = (new_before + 1 <= self.least)[:, None] & self.ending
+        return ~early if allowed is None else allowed & ~early
 
     def commit(self, tokens: list[int]) -> None:
         output = tokens[max(0, self.prompt_length - self.length):]
@@ -75,8 +91,12 @@ class Sampler:
         at the end of each path, the bias."""
         ahead = list(ahead)
         window, output = self._ahead(self.penalty, ahead), self._ahead(self.output, ahead)
+        allowed = None if self.grammar is None else self.grammar.tree_masks(tree, ahead)
+        if self.least:
+            new = self.length - self.prompt_length + len(ahead)
+            allowed = self._early(allowed, tree.shape.depth + new)
         return {"present": None if window is None else window.presence(tree),
-                "allowed": None if self.grammar is None else self.grammar.tree_masks(tree, ahead),
+                "allowed": allowed,
                 "counts": None if output is None else output.tree_counts(tree),
                 "bias": self.bias}
 
@@ -92,6 +112,9 @@ class Sampler:
         position's Gumbel-max choice, or in rejection mode a fresh sample."""
         present = self.penalty.presence_after(path) if self.penalty is not None else None
         allowed = None if self.grammar is None else self.grammar.mask_after(path)
+        if self.least:
+            new = self.length - self.prompt_length + len(path)
+            allowed = self._early(allowed, torch.tensor([new], device=self.device))
         counts = self.output.counts_after(path) if self.output is not None else None
         processed = process_logits(logits, self.config, present, allowed, self.bias, counts)
         if self.rejection:

@@ -31,6 +31,7 @@ from pathlib import Path
 from .models.loader import Model
 from .request import Request
 from .sampling import SamplingConfig
+from .tools import checked_tools
 
 FORMAT = "longspec-run/1"
 SUFFIX = ".longspec.json"
@@ -69,6 +70,10 @@ def run_settings(model: Model, request: Request) -> dict:
     r = request
     sampling = r.sampling if r.sampling is not None else SamplingConfig()
     draft = r.draft_model
+    # the grammar the output is held to, a tool_choice's compiled too: a change to how tools
+    # compile changes the run
+    constraint = r.constraint() or checked_tools(model, r.tools, r.tool_choice,
+                                                 r.parallel_tool_calls)[1]
     return {
         "model": fingerprint(model.path),
         "dtype": str(model.dtype).removeprefix("torch."),
@@ -79,9 +84,11 @@ def run_settings(model: Model, request: Request) -> dict:
         "sampling": asdict(sampling),
         "seed": r.seed,
         "stop": _stop_list(r.stop),
-        "grammar": None if (constraint := r.constraint()) is None else constraint.grammar(),
+        "grammar": None if constraint is None else constraint.grammar(),
         "tools": r.tools,
         "tool_choice": r.tool_choice,
+        "parallel_tool_calls": r.parallel_tool_calls,
+        "min_new_tokens": r.min_new_tokens,
         "logit_bias": None if r.logit_bias is None else {str(k): v
                                                           for k, v in r.logit_bias.items()},
         "ignore_eos": r.ignore_eos,

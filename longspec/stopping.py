@@ -10,9 +10,14 @@ FINISH_REASONS = ("eos", "stop", "length", "interrupted")
 
 
 class StopRules:
-    def __init__(self, eos_ids: set[int], stop_ids: set[int], stop_strings: list[str], tokenizer):
+    def __init__(self, eos_ids: set[int], stop_ids: set[int], stop_strings: list[str], tokenizer,
+                 least: int = 0):
+        """`least`: the new tokens that come before any rule may end the generation
+        (min_new_tokens; the sampler never chooses an ending id before then)."""
         if stop_strings and tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass stop token ids instead")
+        self.least = least
+        self.seen = 0                       # new tokens cut has looked at
         self.eos_ids = eos_ids
         self.stop_ids = stop_ids
         self.stop_strings = stop_strings
@@ -27,14 +32,16 @@ class StopRules:
         """Number of `new_tokens` to keep when one of them ends the generation (the stop token
         or the token completing a stop string included), else None."""
         for i, token in enumerate(new_tokens):
-            if token in self.eos_ids or token in self.stop_ids:
+            self.seen += 1
+            early = self.seen <= self.least
+            if not early and (token in self.eos_ids or token in self.stop_ids):
                 self.reason = "eos" if token in self.eos_ids else "stop"
                 return i + 1
             if self.stop_strings:
                 self.recent.append(token)
                 del self.recent[:-self.window]
                 text = self.tokenizer.decode(self.recent)
-                if any(s in text for s in self.stop_strings):
+                if not early and any(s in text for s in self.stop_strings):
                     self.reason, self.by_string = "stop", True
                     return i + 1
         return None

@@ -37,9 +37,11 @@ def takes_tools(tokenizer) -> bool:
     return "tools" in template and OPEN in template
 
 
-def checked_tools(model, tools, tool_choice) -> tuple[list[dict] | None, Constraint | None]:
-    """The tools to render (None: none) and the constraint tool_choice puts on the output; a
-    ValueError naming what is wrong (before any work)."""
+def checked_tools(model, tools, tool_choice, parallel: bool = True
+                  ) -> tuple[list[dict] | None, Constraint | None]:
+    """The tools to render (None: none) and the constraint tool_choice puts on the output
+    (`parallel` False: one call at most, as OpenAI's parallel_tool_calls false); a ValueError
+    naming what is wrong (before any work)."""
     if tools is None or (isinstance(tools, Sequence) and not tools):
         if tool_choice not in (None, "none", "auto"):
             raise ValueError("tool_choice names a tool, but no tools were given")
@@ -53,11 +55,12 @@ def checked_tools(model, tools, tool_choice) -> tuple[list[dict] | None, Constra
         return None, None
     functions = [_function(t) for t in tools]
     if choice == "auto":
-        if not any(f.get("strict") for f in functions):
+        if parallel and not any(f.get("strict") for f in functions):
             return list(tools), None
-        return list(tools), _calls_constraint(model.tokenizer, functions, many=True, text=True)
+        return list(tools), _calls_constraint(model.tokenizer, functions, many=parallel,
+                                              text=True)
     if choice == "required":
-        return list(tools), _calls_constraint(model.tokenizer, functions, many=True)
+        return list(tools), _calls_constraint(model.tokenizer, functions, many=parallel)
     name = (choice.get("function") or {}).get("name") if isinstance(choice, Mapping) else None
     if name not in names:
         raise ValueError(f"tool_choice must be one of {', '.join(CHOICES)} or "
@@ -89,10 +92,11 @@ def _marker(tokenizer, text: str) -> str:
 
 def _calls_constraint(tokenizer, functions: list[dict], many: bool,
                       text: bool = False) -> Constraint:
-    """Calls of these functions, one (a named function) or one or more (required), each block's
-    JSON held to {"name": the function's, "arguments": its parameters' schema}. With `text`
-    (auto), any text first, then calls or none, and only `strict` functions' arguments held to
-    their schemas (the others' to a JSON object)."""
+    """Calls of these functions, one (a named function, or not `many`) or one or more
+    (required), each block's JSON held to {"name": the function's, "arguments": its
+    parameters' schema}. With `text` (auto), any text first, then calls (one at most where not
+    `many`) or none, and only `strict` functions' arguments held to their schemas (the others'
+    to a JSON object)."""
     calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
               "properties": {"name": {"const": f["name"]},
                              "arguments": (f.get("parameters") or {"type": "object"})
@@ -105,11 +109,11 @@ def _calls_constraint(tokenizer, functions: list[dict], many: bool,
         start = f"start: call{'+' if many else ''}"
     elif opening.startswith("<["):
         # the marker is a special token, never part of a text
-        start = "start: TEXT call*\nTEXT: /(.|\\n)*/"
+        start = f"start: TEXT call{'*' if many else '?'}\nTEXT: /(.|\\n)*/"
     else:
         # a text marker: the text before a first block ends lazily at its marker; a text
         # without one never holds it
-        start = (f"start: TEXT | prefix rest call*\nrest: {rest}\n"
+        start = (f"start: TEXT | prefix rest{' call*' if many else ''}\nrest: {rest}\n"
                  f"prefix[lazy]: /(.|\\n)*{OPEN}/\n"
                  f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{OPEN}(.|\\n)*/")
     lark = (f"{start}\n"

@@ -1,7 +1,8 @@
 """OpenAI's per-token fields under speculation: logprobs (the distribution each token was chosen
-from) are the same numbers for every method; logit_bias and the frequency and presence
-penalties (over the output so far, each tree node's own path counted) leave every method's
-tokens those of plain decoding, alone and in a batch."""
+from) are the same numbers for every method; logit_bias, the frequency and presence penalties
+(over the output so far, each tree node's own path counted) and min_new_tokens (vLLM's
+min_tokens: no ending token chosen before it) leave every method's tokens those of plain
+decoding, alone and in a batch."""
 
 import functools
 
@@ -86,7 +87,46 @@ def test_in_a_batch_each_member_matches_ar_alone(together, monkeypatch):
     assert [s.result.logprobs for s in streams] == [r.logprobs for r in alone]
 
 
+@functools.cache
+def early_stop() -> tuple[int, list[int]]:
+    """A stop token id that plain decoding writes among its first tokens, and ar's output held
+    to 12 new tokens before any end."""
+    target, _ = models()
+    free = longspec.generate(target, PROMPT, max_new_tokens=24, method="ar",
+                             sampling=SAMPLINGS["sampled"], seed=4)
+    token = free.token_ids[2]
+    held = longspec.generate(target, PROMPT, max_new_tokens=24, method="ar", stop=[token],
+                             sampling=SAMPLINGS["sampled"], seed=4, min_new_tokens=12)
+    return token, held.token_ids
+
+
+@pytest.mark.parametrize("method", [m if m in ("auto", "pld") else
+                                    pytest.param(m, marks=pytest.mark.slow) for m in METHODS])
+def test_min_new_tokens_holds_back_every_end_and_matches_ar(method):
+    target, draft = models()
+    token, expect = early_stop()
+    assert len(expect) >= 12 and token not in expect[:12]
+    got = longspec.generate(target, PROMPT, max_new_tokens=24, method=method, stop=[token],
+                            sampling=SAMPLINGS["sampled"], seed=4, min_new_tokens=12,
+                            options=OPTIONS.get(method),
+                            draft_model=draft if method in ("draft", "triforce") else None)
+    assert got.token_ids == expect
+
+
+def test_min_new_tokens_holds_back_stop_strings():
+    target, _ = models()
+    free = longspec.generate(target, PROMPT, max_new_tokens=24, method="ar",
+                             sampling=SAMPLINGS["sampled"], seed=4, ignore_eos=True)
+    first = target.tokenizer.decode(free.token_ids[:2])
+    stopped = longspec.generate(target, PROMPT, max_new_tokens=24, method="auto", stop=first,
+                                sampling=SAMPLINGS["sampled"], seed=4, ignore_eos=True,
+                                min_new_tokens=10)
+    assert len(stopped.token_ids) >= 10
+
+
 @pytest.mark.parametrize("settings,message", [
+    ({"min_new_tokens": 5}, "min_new_tokens must be in 0 .. max_new_tokens"),
+    ({"min_new_tokens": 2, "regex": "a+"}, "min_new_tokens does not apply"),
     ({"logit_bias": {"x": 1}}, "token ids"),
     ({"logit_bias": {5: 101}}, "[-100, 100]"),
     ({"logit_bias": {10**9: 1}}, "outside the vocabulary"),

@@ -14,7 +14,7 @@ import torch
 import longspec
 from longspec.cli import main
 from longspec.models import selfcheck
-from longspec.models.profile import code_digest
+from longspec.models.profile import arithmetic, code_digest, package_imports
 
 pytestmark = pytest.mark.profiles
 
@@ -29,6 +29,17 @@ def test_profile_names_the_kernels_and_the_row_check_passes():
     assert "fp32_min_rows=2" in p.rows
     res = longspec.generate(model, "x = 1\n", max_new_tokens=4, method="ar")
     assert res.stats["kernel_profile"] == p.as_dict()
+
+
+def test_the_code_digest_covers_every_module_that_decides_a_token():
+    """The modules a token's choice, the grammar and the tool calls import are all in it,
+    their own imports too, with the compiled kernels' sources."""
+    files = set(arithmetic())
+    for module in ("sampler.py", "grammar.py", "tools.py", "sampling.py",
+                   "models/transformer.py", "models/linear.py"):
+        assert module in files and package_imports(module) <= files, module
+    assert {"models/native.cpp", "models/int4_mm.cpp", "noise.py", "penalty.py"} <= files
+    assert "engine.py" not in files and "sizing.py" not in files
 
 
 @pytest.mark.compiled

@@ -524,3 +524,91 @@ def test_tools_are_refused_for_a_model_whose_template_takes_none():
     demo.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(ValueError, match="takes no tools"):
         longspec.generate(demo, MESSAGES, max_new_tokens=4, tools=TOOLS)
+
+
+def test_every_openai_field_is_implemented_ignored_as_neutral_or_refused(server):
+    """Each field of OpenAI's chat and completions bodies (the `openai` package's typed
+    parameters): a neutral value is taken; a field that would change the output and is not
+    implemented is refused with a 400 naming it; none falls outside the three kinds."""
+    import typing
+
+    from openai.types import completion_create_params as completion
+    from openai.types.chat import completion_create_params as chat
+
+    from longspec.serve.schemas import NEUTRAL, UNSUPPORTED, ChatBody, CompletionBody
+
+    refused = {"echo": True, "best_of": 2, "suffix": "x", "audio": {"voice": "alloy"},
+               "modalities": ["text", "audio"], "functions": [{"name": "f"}],
+               "function_call": {"name": "f"}, "reasoning_effort": "high",
+               "verbosity": "low", "web_search_options": {}, "moderation": {"x": 1}}
+    assert set(refused) == set(UNSUPPORTED)
+    for params, body, path, base in (
+            (chat.CompletionCreateParamsBase, ChatBody, "/v1/chat/completions",
+             {"messages": MESSAGES}),
+            (completion.CompletionCreateParamsBase, CompletionBody, "/v1/completions",
+             {"prompt": "def f():"})):
+        openai_fields = set(typing.get_type_hints(params))
+        kinds = set(body.model_fields) | set(NEUTRAL) | set(UNSUPPORTED)
+        assert openai_fields <= kinds, sorted(openai_fields - kinds)
+        base = {"model": "demo-chat", "max_tokens": 2, **base}
+        for name in sorted(openai_fields & set(NEUTRAL)):
+            status, _, payload = server.request("POST", path, {**base, name: "x"})
+            assert status == 200, (name, payload)
+        for name in sorted(openai_fields & set(UNSUPPORTED)):
+            status, _, payload = server.request("POST", path, {**base, name: refused[name]})
+            assert status == 400 and payload["error"]["param"] == name, (name, payload)
+            assert name in payload["error"]["message"]
+
+
+def test_fields_of_no_kind_are_ignored_and_logged(server, caplog):
+    with caplog.at_level("WARNING", logger="longspec.serve"):
+        status, _, _ = server.request("POST", "/v1/completions", {
+            "model": "demo-chat", "prompt": "x", "max_tokens": 2, "frobnicate": 3})
+    assert status == 200 and "frobnicate" in caplog.text
+
+
+def test_min_tokens_and_stop_token_ids_are_the_librarys(client, model):
+    free = longspec.generate(model, "class Parser:\n", max_new_tokens=24, seed=3,
+                             method="ar", sampling=longspec.SamplingConfig(temperature=0.8))
+    stop = free.token_ids[1]
+    ref = longspec.generate(model, "class Parser:\n", max_new_tokens=24, seed=3, method="ar",
+                            stop=[stop], min_new_tokens=10,
+                            sampling=longspec.SamplingConfig(temperature=0.8))
+    res = client.completions.create(model="demo-chat", prompt="class Parser:\n", max_tokens=24,
+                                    seed=3, temperature=0.8,
+                                    extra_body={"min_tokens": 10, "stop_token_ids": [stop],
+                                                "return_token_ids": True})
+    assert res.choices[0].model_extra["token_ids"] == ref.token_ids
+    assert len(ref.token_ids) >= 10 and stop not in ref.token_ids[:10]
+    short = client.completions.create(model="demo-chat", prompt="class Parser:\n",
+                                      max_tokens=24, seed=3, temperature=0.8,
+                                      extra_body={"stop_token_ids": [stop]})
+    assert short.usage.completion_tokens == 2 and short.choices[0].finish_reason == "stop"
+
+
+def test_parallel_tool_calls_false_allows_one_call(model):
+    from longspec.grammar import GrammarState
+    from longspec.tools import checked_tools
+
+    def call(name, arguments):
+        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+    two = call("get_weather", {"city": "Paris"}) + "\n" + call("search", {"query": "x"})
+    for choice in ("required", "auto"):
+        many = GrammarState(model, checked_tools(model, TOOLS, choice)[1]) \
+            if choice == "required" else None
+        one = GrammarState(model, checked_tools(model, TOOLS, choice, parallel=False)[1])
+
+        def follows(state, text):
+            return state.follows(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        assert follows(one, call("get_weather", {"city": "Paris"}))
+        assert not follows(one, two)
+        if many is not None:
+            assert follows(many, two)
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    settings = {"max_new_tokens": 64, "tools": TOOLS, "tool_choice": "required", "seed": 2,
+                "parallel_tool_calls": False, "sampling": longspec.SamplingConfig(temperature=1)}
+    ar = longspec.generate(model, asked, method="ar", **settings)
+    assert len(ar.tool_calls or []) <= 1
+    assert longspec.generate(model, asked, method="auto", **settings).token_ids == ar.token_ids

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..batch import LINE_SETTINGS
 from ..batching import DEFAULT_MAX_BATCH
 from ..models.sources import BUNDLED
 from .flags import (
@@ -21,9 +22,7 @@ def add_parser(sub) -> None:
     g = sub.add_parser("batch", help="generate for every line of a JSONL file, resumably",
                        description="Each line of PROMPTS is a JSON object: \"prompt\" (text or "
                        "token ids) or \"messages\", an optional \"id\", and settings of its own "
-                       "(max_new_tokens, method, seed, stop, ignore_eos, options, prediction, "
-                       "json_schema, regex, grammar, choice, response_format, temperature, "
-                       "top_p, top_k, min_p, eta, penalty, penalty_window) over the flags'. "
+                       f"({', '.join(LINE_SETTINGS)}) over the flags'. "
                        "Results go to --out, a JSON line each, in order. Run the same command "
                        "again after an interruption (a kill included): finished "
                        "lines are kept, those under way continue token-identically.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from ..drafters import METHODS, check_arguments, get_method
@@ -20,25 +21,26 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+# help beside the sampling flags that need more than their name (the flags are
+# SamplingConfig's fields: a setting added there is a flag here)
+SAMPLING_HELP = {
+    "penalty": "contextual penalty on tokens of the last --penalty-window tokens (1 = off)",
+    "frequency_penalty": "OpenAI's: a token's logit less this times its count in the output",
+    "presence_penalty": "OpenAI's: a token's logit less this once it occurs in the output"}
+
+
 def sampling_flags(p: argparse.ArgumentParser) -> None:
     defaults = SamplingConfig()
     g = p.add_argument_group("sampling (temperature 0 is greedy)")
-    g.add_argument("--temperature", type=float, default=defaults.temperature)
-    g.add_argument("--top-p", type=float, default=defaults.top_p)
-    g.add_argument("--top-k", type=int, default=defaults.top_k)
-    g.add_argument("--min-p", type=float, default=defaults.min_p)
-    g.add_argument("--eta", type=float, default=defaults.eta)
-    g.add_argument("--penalty", type=float, default=defaults.penalty,
-                   help="contextual penalty on tokens of the last --penalty-window tokens "
-                        "(1 = off)")
-    g.add_argument("--penalty-window", type=int, default=defaults.penalty_window)
+    for f in fields(SamplingConfig):
+        g.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
+                       default=getattr(defaults, f.name), help=SAMPLING_HELP.get(f.name))
     g.add_argument("--seed", type=int, default=0)
 
 
 def sampling_from_args(args) -> SamplingConfig:
-    return SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                          min_p=args.min_p, eta=args.eta, penalty=args.penalty,
-                          penalty_window=args.penalty_window).validate()
+    return SamplingConfig(**{f.name: getattr(args, f.name)
+                             for f in fields(SamplingConfig)}).validate()
 
 
 def model_flags(p: argparse.ArgumentParser, prompt_cache: bool = False) -> None:

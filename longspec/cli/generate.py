@@ -28,6 +28,8 @@ def add_parser(sub) -> None:
                    f"({', '.join(BUNDLED)})")
     prompt_flags(g)
     g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--min-new-tokens", type=int, default=0,
+                   help="new tokens before an end (EOS, a stop string or token) may come")
     method_flags(g)
     sampling_flags(g)
     model_flags(g)
@@ -74,7 +76,8 @@ def run(args) -> int:
     check_writable(args.output, "--output")
     model = load_from_args(args.model, args)
     draft = load_optional(args.draft_model, args)
-    settings = {"max_new_tokens": args.max_new_tokens, "method": args.method,
+    settings = {"max_new_tokens": args.max_new_tokens, "min_new_tokens": args.min_new_tokens,
+                "method": args.method,
                 "sampling": sampling, "seed": args.seed, "draft_model": draft,
                 "heads": args.heads, "stop": args.stop, "ignore_eos": args.ignore_eos,
                 "verify": args.verify, "options": options, "keep_special": args.keep_special,

@@ -20,6 +20,7 @@ Switches that choose a profile (docs/models.md, "Kernel profiles"):
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 from dataclasses import asdict, dataclass
@@ -30,21 +31,50 @@ import torch
 
 from ..cache.base import CHUNK
 from . import linear
-from .compiled import cpu_isa, onednn_max_isa
+from .compiled import SOURCES, cpu_isa, onednn_max_isa
 from .linear import Int4Linear
 
 # The code, relative to the package, whose change may change the bits of a forward or the token
-# chosen from them: the compiled kernels and their build flags, the layer and its products,
-# attention, rotations and prefill, the caches' layout, how weights are decoded and quantized,
-# and the one path from logits to a token (processing, noise, penalty). Not the drafters,
-# sizing or verification: over row-invariant forwards (verify="match") they change how many
-# tokens a step takes, never which.
-ARITHMETIC = ("models/native.cpp", "models/int4_mm.cpp", "models/compiled.py",
-              "models/native.py", "models/transformer.py", "models/linear.py",
-              "models/attention.py", "models/tree_attention.py", "models/rope.py",
-              "models/prefill.py", "models/build.py",
-              "models/gguf.py", "models/quant.py", "cache/base.py", "cache/full.py",
-              "sampling.py", "sampler.py", "noise.py", "penalty.py")
+# chosen from them: the compiled kernels (compiled.SOURCES) and these modules with every module
+# of the package they import (arithmetic()): the layer and its products, attention, rotations
+# and prefill, the caches' layout, how weights are decoded and quantized, the one path from
+# logits to a token (processing, noise, penalty, the grammar's masks) and the tool calls'
+# grammar. Not the drafters, sizing or verification: over row-invariant forwards
+# (verify="match") they change how many tokens a step takes, never which.
+ARITHMETIC_ROOTS = ("models/transformer.py", "models/prefill.py", "models/build.py",
+                    "models/gguf.py", "models/quant.py", "cache/full.py", "sampler.py",
+                    "tools.py")
+PACKAGE = Path(__file__).parent.parent
+
+
+def package_imports(module: str) -> set[str]:
+    """The package's modules (paths relative to it) that `module` imports by relative import."""
+    tree = ast.parse((PACKAGE / module).read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = Path(module).parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            where = base.joinpath(*node.module.split(".")) if node.module else base
+            named = [where / f"{alias.name}.py" for alias in node.names]
+            for path in [where.with_suffix(".py"), *named] if node.module else named:
+                if (PACKAGE / path).is_file():
+                    found.add(path.as_posix())
+    return found
+
+
+@functools.cache
+def arithmetic() -> tuple[str, ...]:
+    """The files of the code that decides the bits, sorted: compiled.SOURCES, ARITHMETIC_ROOTS
+    and every module of the package they import."""
+    seen, todo = set(), list(ARITHMETIC_ROOTS)
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += package_imports(module)
+    return tuple(sorted(seen | {f"models/{name}" for name in SOURCES}))
 
 
 @dataclass(frozen=True)
@@ -54,7 +84,7 @@ class KernelProfile:
     onednn_max_isa: str  # ONEDNN_MAX_CPU_ISA ("ALL": what the CPU has)
     torch: str           # PyTorch's version
     longspec: str        # longspec's version
-    code: str            # a digest of the code that decides the bits (ARITHMETIC)
+    code: str            # a digest of the code that decides the bits (arithmetic())
     weights: str         # the matrices: int4 (4- and 8-bit codes) or a dtype
     dtype: str           # the activations
     layers: str          # "compiled" (native.cpp) or "python"
@@ -110,12 +140,11 @@ def version() -> str:
 
 @functools.cache
 def code_digest() -> str:
-    """A digest of the ARITHMETIC files, names and bytes."""
+    """A digest of the arithmetic() files, names and bytes."""
     digest = hashlib.sha256()
-    root = Path(__file__).parent.parent
-    for name in ARITHMETIC:
+    for name in arithmetic():
         digest.update(f"{name}\0".encode())
-        digest.update((root / name).read_bytes())
+        digest.update((PACKAGE / name).read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -23,12 +23,12 @@ from starlette.exceptions import HTTPException
 
 from ..api import Stream, stream
 from ..models.loader import Model
-from ..request import encode_prompt
+from ..request import MAX_SEED, encode_prompt
 from ..tools import checked_tools
 from .config import ServeConfig
 from .metrics import PROMETHEUS_TYPE, ApiKeyMiddleware, Metrics, MetricsMiddleware
 from .responses import APIError, Shape, error_body, failure_body, sse, timeout_body
-from .schemas import MAX_SEED, ChatBody, CompletionBody, GenerationBody
+from .schemas import ChatBody, CompletionBody, GenerationBody
 from .translate import Defaults, body_settings
 from .worker import Finished, Job, QueueFull, Worker
 

@@ -1,14 +1,17 @@
 """Request bodies of the OpenAI-compatible endpoints, checked by pydantic before anything is
-queued. Types are strict (the string "5" is not a number); fields a client may send that do not
-change the output (`user`, `metadata`, ...) are ignored; fields that would change it and that
-longspec does not implement are refused unless they hold their neutral value (UNSUPPORTED).
+queued. Types are strict (the string "5" is not a number). Every field of OpenAI's bodies is
+one of three kinds: implemented (declared below), one that does not change the output and is
+ignored (NEUTRAL: `user`, `metadata`, ...), or one that would change it and that longspec does
+not implement, refused with a 400 naming it unless it holds its neutral value (UNSUPPORTED). A
+field of none of these (another server's extension, a misspelling) is ignored and logged by
+name (`ignored`), as vLLM does.
 
 Besides OpenAI's fields, a request may carry longspec's (vLLM's names where vLLM has them):
-min_p, top_k (0 or -1: off), repetition_penalty (longspec's contextual penalty, over the last
-penalty_window tokens), method, options, ignore_eos, return_token_ids. OpenAI's `prediction`
-(predicted outputs) is a draft source of `auto` and `suffix`. An output is held to a grammar by
-OpenAI's `response_format` (json_object, json_schema) or vLLM's `structured_outputs` (one of
-json, regex, choice, grammar, json_object).
+min_p, top_k (0 or -1: off), eta, repetition_penalty (longspec's contextual penalty, over the
+last penalty_window tokens), min_tokens, stop_token_ids, method, options, ignore_eos,
+return_token_ids. OpenAI's `prediction` (predicted outputs) is a draft source of `auto` and
+`suffix`. An output is held to a grammar by OpenAI's `response_format` (json_object,
+json_schema) or vLLM's `structured_outputs` (one of json, regex, choice, grammar, json_object).
 """
 
 from __future__ import annotations
@@ -17,11 +20,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_SEED = 2**63 - 1
+from ..request import MAX_SEED
 
 MAX_N = 16      # choices a request may ask for
-# field -> its neutral values, accepted (and ignored)
-UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
+# OpenAI's fields that do not change the output: accepted and ignored
+NEUTRAL = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+           "prompt_cache_retention", "prompt_cache_options")
+# OpenAI's fields that would change the output and that longspec does not implement -> their
+# neutral values, accepted (and ignored); any other value is refused
+UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+               "audio": (None,), "modalities": (None, ["text"]), "functions": (None, []),
+               "function_call": (None, "none", "auto"), "reasoning_effort": (None,),
+               "verbosity": (None,), "web_search_options": (None,), "moderation": (None,)}
 # vLLM's structured_outputs keys -> the Request setting each one is
 STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choice",
                       "grammar": "grammar"}
@@ -77,7 +87,10 @@ class GenerationBody(BaseModel):
     # longspec's
     min_p: float | None = Field(None, ge=0, lt=1)
     top_k: int | None = Field(None, ge=-1)
+    eta: float | None = Field(None, ge=0)
     repetition_penalty: float | None = Field(None, gt=0)
+    min_tokens: int | None = Field(None, ge=0)
+    stop_token_ids: list[int] | None = None
     penalty_window: int | None = Field(None, ge=1)
     method: str | None = None
     options: dict[str, int | str] | None = None
@@ -111,6 +124,10 @@ class GenerationBody(BaseModel):
             if name in extra and not any(extra[name] == v for v in neutral):
                 return name, extra[name]
         return None
+
+    def ignored(self) -> list[str]:
+        """The fields that are none of OpenAI's nor longspec's (ignored, and logged)."""
+        return sorted(set(self.model_extra or {}) - set(NEUTRAL) - set(UNSUPPORTED))
 
 
 class CompletionBody(GenerationBody):
@@ -153,6 +170,7 @@ class ChatBody(GenerationBody):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
 
     def top_logprobs_asked(self) -> int | None:
         """The alternatives listed beside each token; None: no logprobs (ValueError for

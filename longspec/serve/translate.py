@@ -3,16 +3,19 @@ and batch jobs of OpenAI's Batch API lines (batch.py) share."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from ..drafters import METHODS
+from ..request import MAX_SEED
 from ..sampling import SamplingConfig
 from .responses import APIError
-from .schemas import MAX_SEED, GenerationBody, parts_text
+from .schemas import GenerationBody, parts_text
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
+log = logging.getLogger("longspec.serve")
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,14 @@ def body_settings(body: GenerationBody, chat: bool, defaults: Defaults) -> tuple
     bad = body.unsupported()
     if bad is None and not chat:
         bad = next(((k, v) for k, v in (body.model_extra or {}).items()
-                    if k in ("tools", "tool_choice") and v), None)
+                    if k in ("tools", "tool_choice", "parallel_tool_calls")
+                    and v is not None), None)
     if bad is not None:
         raise APIError(400, f"{bad[0]}={bad[1]!r} is not supported by longspec; leave it "
                        "out", param=bad[0])
+    if body.ignored():
+        log.warning("fields ignored (neither OpenAI's nor longspec's): %s",
+                    ", ".join(body.ignored()))
     if chat:
         try:
             prompt = [m.for_template() for m in body.messages]
@@ -57,7 +64,7 @@ def body_settings(body: GenerationBody, chat: bool, defaults: Defaults) -> tuple
         penalty=body.repetition_penalty or 1.0,
         penalty_window=body.penalty_window or SamplingConfig.penalty_window,
         frequency_penalty=body.frequency_penalty or 0.0,
-        presence_penalty=body.presence_penalty or 0.0)
+        presence_penalty=body.presence_penalty or 0.0, eta=body.eta or 0.0)
     try:
         logprobs = body.top_logprobs_asked()
     except ValueError as e:
@@ -76,9 +83,19 @@ def body_settings(body: GenerationBody, chat: bool, defaults: Defaults) -> tuple
         "max_new_tokens": max_tokens, "method": method, "sampling": sampling,
         "seed": body.seed if body.seed is not None else (
             secrets.randbelow(MAX_SEED + 1) if defaults.seed is None else defaults.seed),
-        "stop": body.stop, "ignore_eos": body.ignore_eos, "options": body.options,
+        "stop": _stops(body), "ignore_eos": body.ignore_eos, "options": body.options,
+        "min_new_tokens": body.min_tokens or 0,
         "draft_model": defaults.draft_model if spec and spec.needs_draft_model else None,
         "heads": defaults.heads if spec and spec.needs_heads else None,
         "prediction": prediction, "logprobs": logprobs, "logit_bias": body.logit_bias,
-        **constraint, **({"tools": body.tools, "tool_choice": body.tool_choice}
+        **constraint, **({"tools": body.tools, "tool_choice": body.tool_choice,
+                          "parallel_tool_calls": body.parallel_tool_calls is not False}
                          if chat else {})}
+
+
+def _stops(body: GenerationBody) -> list | str | None:
+    """The stop strings and vLLM's stop_token_ids, as `stop` takes them."""
+    if not body.stop_token_ids:
+        return body.stop
+    strings = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return strings + list(body.stop_token_ids)
