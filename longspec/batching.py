@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TypeVar
 
 import torch
@@ -40,6 +40,7 @@ from .drafters.auto import StepRates
 from .engine import Engine
 from .memory import PeakMemory
 from .models.graphs import BatchSteps, graphs_wanted
+from .models.prefill import drain
 from .sampler import choices_together
 from .sizing import calibration_key
 from .tree import DraftTree
@@ -56,6 +57,13 @@ DEFAULT_MAX_BATCH = 4
 # (StepRates' budget): 8 SmolLM2 answers at T=1, max_batch 8, ran 0.98x plain batched
 # decoding with tries every 64 steps, 1.00x with this budget (docs/benchmarks/batching.md)
 TRY_BUDGET = 0.01
+
+
+# the most prompt tokens a joining stream's prefill runs between two of the batch's steps
+# (admit): the members wait at most one such chunk. A 4,000-token prompt took 0.71-0.84x the
+# time in chunks of 256 as in chunks of 1,024 (prefill.MAX_CHUNK) on a Zen 3 (SmolLM2 int4,
+# the test model in float32), the cache's bits the same
+ADMISSION_CHUNK = 256
 
 
 def samples_together(device: torch.device) -> bool:
@@ -94,27 +102,63 @@ class Batch:
         self.steps = (BatchSteps(model.net, model.state.captures) if graphs_wanted(model.net)
                       else None)
         self.together = samples_together(model.device)
-        self._memory: PeakMemory | None = None     # while it has members
+        self._memory: PeakMemory | None = None     # while it has members or joining streams
+        # the streams admitted whose prefill runs a chunk a step, each with its start
+        # (Engine.starting), in arrival order
+        self.joining: list[tuple[Stream, Generator[None, None, None]]] = []
 
     def __len__(self) -> int:
-        return len(self.members)
+        return len(self.members) + len(self.joining)
 
     def join(self, stream: Stream) -> None:
-        """Start the stream's generation (its prefill) and step it with the others from the
-        next step; a generation with nothing left to do ends at once."""
+        """Start the stream's generation (its whole prefill, now) and step it with the others
+        from the next step; a generation with nothing left to do ends at once."""
+        self.admit(stream)
+        if self.joining and self.joining[-1][0] is stream:
+            starting = self.joining.pop()[1]
+            try:
+                drain(starting)
+            except BaseException:
+                stream.end(False)
+                self._close_memory_if_idle()
+                raise
+            self._become_member(stream)
+
+    def admit(self, stream: Stream) -> None:
+        """Let the stream join: its prefill runs a chunk a step (step), ahead of the members'
+        forward, so that they wait at most one chunk for it; a generation with nothing left to
+        do ends at once."""
         if stream.engine.done:
             stream.end(True)
             return
         if self._memory is None:
             self._memory = PeakMemory(self.model.device).__enter__()
-        try:
-            stream.engine.start(stream.start_ids)
-        except BaseException:
-            if not self.members:
-                self._close_memory()
-            raise
+        self.joining.append((stream, stream.engine.starting(stream.start_ids,
+                                                            ADMISSION_CHUNK)))
+
+    def _become_member(self, stream: Stream) -> None:
         self._share_calibration(stream.engine)
         self.members.append(stream)
+
+    def _prefill_chunk(self) -> list[tuple[Stream, Exception]]:
+        """One chunk of the first joining stream's prefill (all of it while no member waits);
+        a stream whose prefill ends becomes a member. The streams whose prefill failed (they
+        left)."""
+        stream, starting = self.joining[0]
+        try:
+            while True:
+                next(starting)
+                if self.members:
+                    return []
+        except StopIteration:
+            self.joining.pop(0)
+            self._become_member(stream)
+        except Exception as e:      # noqa: BLE001 (its generation ends with it, alone)
+            self.joining.pop(0)
+            stream.end(False)
+            self._close_memory_if_idle()
+            return [(stream, e)]
+        return []
 
     def _share_calibration(self, engine: Engine) -> None:
         """A member of the method and sampling setting of one already here learns and reads
@@ -128,9 +172,17 @@ class Batch:
                 return
 
     def leave(self, stream: Stream, finished: bool) -> None:
-        """Drop a member: its generation ends (`finished`) or is stopped where it is. A stream
-        that is not a member (it left already) is left alone. The stream ends and leaves even
-        where its engine's finish raises; the error then goes on to the caller."""
+        """Drop a member: its generation ends (`finished`) or is stopped where it is (a stream
+        still joining, in its prefill: stopped). A stream that is neither (it left already) is
+        left alone. The stream ends and leaves even where its engine's finish raises; the error
+        then goes on to the caller."""
+        joining = [entry for entry in self.joining if entry[0] is stream]
+        if joining:
+            self.joining.remove(joining[0])
+            joining[0][1].close()
+            stream.end(False)
+            self._close_memory_if_idle()
+            return
         if stream not in self.members:
             return
         self.members.remove(stream)
@@ -142,28 +194,33 @@ class Batch:
         finally:
             engine.stats.peak_memory_bytes = self._memory.so_far()
             stream.end(finished)
-            if not self.members:
-                self._close_memory()
+            self._close_memory_if_idle()
 
-    def _close_memory(self) -> None:
-        self._memory.__exit__(None)
-        self._memory = None
+    def _close_memory_if_idle(self) -> None:
+        if not self.members and not self.joining and self._memory is not None:
+            self._memory.__exit__(None)
+            self._memory = None
 
     def close(self) -> None:
-        """Stop every member where it is (each one's finish raising or not)."""
-        for s in list(self.members):
+        """Stop every member where it is, and every stream still joining (each one's finish
+        raising or not)."""
+        for s in [stream for stream, _ in self.joining] + list(self.members):
             try:
                 self.leave(s, False)
             except Exception:   # stopping: what it learned is lost, nothing else
                 log.exception("a generation's finish failed while its batch closed")
 
     def step(self) -> list[tuple[Stream, Chunk | Exception]]:
-        """One step of every member: each stream's chunk of new tokens, or the exception that
-        ended its generation. A fault in a member's own part of the step (its drafting, sizing,
-        judging, committing, text or finish) ends that generation alone; one in the forward
-        they share ends them all. Members that are done or failed leave."""
+        """A chunk of a joining stream's prefill (admit), then one step of every member: each
+        stream's chunk of new tokens, or the exception that ended its generation. A fault in a
+        member's own part of the step (its prefill, drafting, sizing, judging, committing, text
+        or finish) ends that generation alone; one in the forward they share ends them all.
+        Members that are done or failed leave."""
+        joined = self._prefill_chunk() if self.joining else []
         begin = time.perf_counter()
         members = list(self.members)
+        if not members:
+            return joined
         failed: dict[int, Exception] = {}       # by id(engine)
         try:
             if len(members) == 1:
@@ -173,7 +230,7 @@ class Batch:
         except Exception as e:      # noqa: BLE001 (the step they share: handed to each member)
             news, failed = {}, {id(s.engine): e for s in members}
         seconds = time.perf_counter() - begin
-        out: list[tuple[Stream, Chunk | Exception]] = []
+        out: list[tuple[Stream, Chunk | Exception]] = list(joined)
         for stream in members:
             engine = stream.engine
             if id(engine) not in failed:

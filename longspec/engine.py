@@ -12,7 +12,7 @@ step makes one host transfer (in `verify`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import torch
 
@@ -22,7 +22,7 @@ from .grammar import graft
 from .memory import PeakMemory, ensure_fits, upload
 from .models.graphs import StaticSteps, graphs_wanted
 from .models.loader import Model
-from .models.prefill import prefill
+from .models.prefill import MAX_CHUNK, drain, prefilling
 from .models.transformer import ForwardOutput, Segment
 from .sampler import Sampler
 from .sampling import token_logprobs
@@ -59,7 +59,8 @@ class Engine:
         self.cache: StaticCache | None = None
         self.steps: StaticSteps | None = None    # tree steps at static shapes (graphs.py)
         self.done = False
-        self.started = 0.0                       # perf_counter() when start() began
+        self.started = 0.0      # perf_counter() when start() began, less the time others ran
+                                # between its prefill chunks
         self.method = method
         self.sizer = sizer
         self.forced = 0                          # forced tokens leading this step's tree
@@ -88,7 +89,15 @@ class Engine:
 
     def start(self, prompt_ids: list[int]) -> None:
         """Allocate the cache and put all prompt tokens but the last (the first root) in it."""
+        drain(self.starting(prompt_ids))
+
+    def starting(self, prompt_ids: list[int], max_chunk: int = MAX_CHUNK
+                 ) -> Generator[None, None, None]:
+        """`start` a prefill chunk (at most `max_chunk` tokens) at a time: it yields between
+        chunks (a batch steps its running generations there, batching.py). stats.prefill_s
+        counts its own time only."""
         begin = time.perf_counter()
+        spent = 0.0                 # the time of the chunks before the current one's
         capacity = self.plan_capacity(len(prompt_ids))
         state = self.model.state
         kept = state.kept_steps.take(capacity) if graphs_wanted(self.net) else None
@@ -104,16 +113,21 @@ class Engine:
         # (prompt_cache.py: the same bits); the drafters observe the rest
         prompt_cache = state.prompt_cache
         cached = prompt_cache.restore(prompt_ids[:-1], self.cache)
-        prefill(self.net, prompt_ids[cached:-1], self.cache, cached,
-                need_logits=d.needs_prefill_logits, return_hidden=d.needs_hidden,
-                on_chunk=d.observe_prefill if wants_output else None)
+        for _ in prefilling(self.net, prompt_ids[cached:-1], self.cache, cached,
+                            need_logits=d.needs_prefill_logits, return_hidden=d.needs_hidden,
+                            on_chunk=d.observe_prefill if wants_output else None,
+                            max_chunk=max_chunk):
+            self._sync()
+            spent += time.perf_counter() - begin
+            yield
+            begin = time.perf_counter()
         prompt_cache.store(prompt_ids, self.cache)
         self.tokens = list(prompt_ids)
         self.sampler.commit(prompt_ids)
         d.prefill(list(prompt_ids), self.cache)
         self._sync()
-        self.started = begin
-        self.stats.prefill_s = time.perf_counter() - begin
+        self.stats.prefill_s = spent + time.perf_counter() - begin
+        self.started = time.perf_counter() - self.stats.prefill_s
         self.stats.cached_tokens = cached
 
     def _sync(self) -> None:

@@ -278,3 +278,52 @@ def test_a_bad_prompt_is_refused_when_it_joins_with_the_fix():
     target, _ = models("float32")
     with pytest.raises(ValueError, match="max_new_tokens"):
         longspec.generate_many(target, PROMPTS, max_new_tokens=0)
+
+
+@pytest.mark.parametrize("method", [pytest.param("ar", marks=pytest.mark.slow), "auto"])
+def test_a_long_prompt_joins_a_chunk_a_step_and_every_stream_writes_what_it_writes_alone(
+        method):
+    """An admitted stream's prefill runs one chunk before each of the batch's steps: the
+    running member gets a chunk of tokens from every step while the long prompt joins, and
+    each writes what it writes alone."""
+    target, _ = models("float32")
+    settings = {"max_new_tokens": 24, "ignore_eos": True, "seed": 3, "method": method,
+                "sampling": SETTINGS["sampling_top_p"]}
+    long_prompt = torch.randint(0, target.config.vocab_size, (1100,),
+                                generator=torch.Generator().manual_seed(0)).tolist()
+    running = longspec.stream(target, PROMPTS[0], **settings)
+    joining = longspec.stream(target, long_prompt, **settings)
+    batch = batching.Batch(target)
+    batch.join(running)
+    batch.admit(joining)
+    while_joining = []
+    while batch.members or batch.joining:
+        was_joining = bool(batch.joining)
+        out = batch.step()
+        if was_joining and running.result is None:
+            while_joining.append([s is running for s, _ in out].count(True))
+    assert len(while_joining) >= 2 and all(n == 1 for n in while_joining)
+    assert running.result.token_ids == longspec.generate(target, PROMPTS[0],
+                                                         **settings).token_ids
+    assert joining.result.token_ids == longspec.generate(target, long_prompt,
+                                                         **settings).token_ids
+
+
+def test_a_stream_stopped_while_it_joins_leaves_and_the_batch_goes_on():
+    target, _ = models("float32")
+    settings = {"max_new_tokens": 12, "ignore_eos": True, "seed": 3, "method": "auto",
+                "sampling": SETTINGS["greedy"]}
+    running = longspec.stream(target, PROMPTS[1], **settings)
+    joining = longspec.stream(target, list(range(50, 650)), **settings)
+    batch = batching.Batch(target)
+    batch.join(running)
+    batch.admit(joining)
+    batch.step()
+    assert batch.joining and len(batch) == 2
+    batch.leave(joining, False)
+    batch.leave(joining, False)         # gone already: nothing happens
+    assert joining.result.token_ids == [] and joining.result.finish_reason == "interrupted"
+    while batch.members:
+        batch.step()
+    assert running.result.token_ids == longspec.generate(target, PROMPTS[1],
+                                                         **settings).token_ids

@@ -57,7 +57,7 @@ POINTS = [(Engine, "draft", 3), (Engine, "judge", 3), (Engine, "commit", 3),
           (Engine, "finish", 0), (PromptCache, "store", 1), (PromptCache, "store", 0)]
 
 
-@pytest.mark.parametrize("method", ["ar", "auto"])
+@pytest.mark.parametrize("method", ["ar", pytest.param("auto", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(("owner", "name", "after"), POINTS)
 def test_a_failing_member_leaves_its_batch_and_the_others_write_what_they_write_alone(
         monkeypatch, model, alone, method, owner, name, after):
@@ -100,8 +100,8 @@ def _ask(server, prompt: str, answers: dict, **body) -> None:
         "seed": SETTINGS["seed"], "ignore_eos": True, "return_token_ids": True, **body})
 
 
-@pytest.mark.parametrize(("owner", "name", "after"), [(Engine, "commit", 3),
-                                                      (Engine, "finish", 0)])
+@pytest.mark.parametrize(("owner", "name", "after"), [
+    (Engine, "commit", 3), pytest.param(Engine, "finish", 0, marks=pytest.mark.slow)])
 def test_the_server_ends_the_failing_request_alone_and_serves_the_next(
         monkeypatch, model, alone, server, owner, name, after):
     arm(monkeypatch, owner, name, api.stream(model, BAD, **SETTINGS).prompt_ids, after)

@@ -3,7 +3,8 @@ draft model catching up with the sequence, and the benchmarks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import TypeVar
 
 import torch
 
@@ -14,6 +15,7 @@ from .transformer import ForwardOutput, Head, Transformer
 # Largest attention score buffer a prefill chunk may build, in bytes, and most tokens a chunk.
 PREFILL_SCORE_BYTES = 256 * 2**20
 MAX_CHUNK = 1024
+T = TypeVar("T")
 
 
 def chunk_size(net: Transformer, n_keys: int) -> int:
@@ -36,12 +38,27 @@ def prefill(net: Transformer, tokens: list[int] | torch.Tensor, cache: StaticCac
     `on_chunk(chunk tokens, output)` sees every chunk's output, with logits for each of its
     tokens when `need_logits` and hidden states when `return_hidden`.
     """
+    return drain(prefilling(net, tokens, cache, first_position, last_logits=last_logits,
+                            need_logits=need_logits, return_hidden=return_hidden, head=head,
+                            on_chunk=on_chunk))
+
+
+def prefilling(net: Transformer, tokens: list[int] | torch.Tensor, cache: StaticCache,
+               first_position: int,
+               *, last_logits: int = 0, need_logits: bool = False, return_hidden: bool = False,
+               head: Head | None = None,
+               on_chunk: Callable[[torch.Tensor, ForwardOutput], None] | None = None,
+               max_chunk: int = MAX_CHUNK) -> Generator[None, None, torch.Tensor | None]:
+    """`prefill` a chunk (of at most `max_chunk` tokens) at a time: it yields after each chunk
+    (a batch steps its running generations between a joining one's chunks) and returns what
+    `prefill` does. The chunks' sizes do not change the cache's bits (every row of a forward
+    is what it is alone: the row check)."""
     ids = torch.as_tensor(tokens, dtype=torch.long, device=net.device)
     n = ids.shape[0]
     logits = None
     done = 0
     while done < n:
-        q = min(n - done, chunk_size(net, cache.length + min(n - done, MAX_CHUNK)))
+        q = min(n - done, max_chunk, chunk_size(net, cache.length + min(n - done, max_chunk)))
         start = first_position + done
         positions = torch.arange(start, start + q, device=net.device)
         last = done + q == n and last_logits > 0
@@ -56,4 +73,15 @@ def prefill(net: Transformer, tokens: list[int] | torch.Tensor, cache: StaticCac
             logits = out.logits[-last_logits:]
         cache.commit(q)
         done += q
+        if done < n:
+            yield
     return logits
+
+
+def drain(steps: Generator[None, None, T]) -> T:
+    """What a generator of steps returns, once every step has run."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value

@@ -137,11 +137,10 @@ class Shape:
                   "logprobs": self._logprobs(result.logprobs)}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": result.text}
-            if self.tools:
-                content, calls = parse_tool_calls(result.text)
-                choice["message"]["content"] = content
-                if calls:
-                    choice["message"]["tool_calls"] = calls
+            if self.tools:      # the calls as the library parsed them (their ids), once
+                choice["message"]["content"] = parse_tool_calls(result.text)[0]
+                if result.tool_calls:
+                    choice["message"]["tool_calls"] = result.tool_calls
         else:
             choice["text"] = result.text
         if self.token_ids:
@@ -192,13 +191,14 @@ class Shape:
         body = self.chunk(index, finish_reason=FINISH_REASONS[result.finish_reason],
                           token_ids=[])
         if self.chat and self.tools:
-            # the text held back: its content, then its calls as OpenAI streams them
-            content, calls = parse_tool_calls(result.text[self._sent[index]:])
+            # the text held back: its content, then the result's calls as OpenAI streams them
+            content = parse_tool_calls(result.text[self._sent[index]:])[0]
             delta = body["choices"][0]["delta"]
             if content:
                 delta["content"] = content
-            if calls:
-                delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
+            if result.tool_calls:
+                delta["tool_calls"] = [{"index": k, **call}
+                                       for k, call in enumerate(result.tool_calls)]
         return {**body, "speculative": speculative(result.stats), "seed": self.seeds[index]}
 
     def usage_chunk(self, results: list[GenerationResult]) -> dict:

@@ -2,11 +2,14 @@
 (batching.py: one forward verifies every member's tree), and the asyncio side only waits for
 what they commit.
 
-Queued jobs join the batch, in arrival order, at a step boundary while it has room; each leaves
-when its generation ends. The queue is bounded (a full one is refused at once, never waited
-on). A job carries a deadline and a cancel flag; the worker looks at both after every step, so
-a client that leaves or runs out of time stops its generation within one step and a waiting
-job takes its place. A step itself (and a joining job's prefill) is not interrupted.
+Queued jobs join the batch, in arrival order, at a step boundary while it has room; a joining
+job's prompt runs a prefill chunk before each of the batch's steps (Batch.admit), so the
+running streams wait at most one chunk for an arrival. Each job leaves when its generation
+ends, and a failure in one generation ends that one alone. The queue is bounded (a full one is
+refused at once, never waited on). A job carries a deadline and a cancel flag; the worker looks
+at both after every step, so a client that leaves or runs out of time stops its generation
+within one step and a waiting job takes its place. A step itself (and a prefill chunk) is not
+interrupted.
 """
 
 from __future__ import annotations
@@ -217,7 +220,7 @@ class Worker:
 
     def _admit(self, batch: Batch, job: Job) -> None:
         """Start a job's generation in the batch, or end it at once (cancelled or expired
-        while it waited, failed at its prefill, or with nothing left to generate)."""
+        while it waited, or with nothing left to generate)."""
         job.started = True
         if job.cancelled or job.expired():
             job.stream.close()
@@ -225,13 +228,7 @@ class Worker:
                               timed_out=not job.cancelled))
             return
         self._began[id(job)] = time.monotonic()
-        try:
-            batch.join(job.stream)
-        except Exception as e:      # a failed generation must not take the worker down
-            log.exception("generation failed")
-            job.stream.close()
-            self._end(job, error=f"{type(e).__name__}: {e}")
-            return
+        batch.admit(job.stream)         # its prefill runs a chunk a step (Batch.step)
         if job.stream.result is not None:       # it had nothing left to generate
             self._end(job)
         else:
