@@ -37,6 +37,11 @@ class BatchCost:
             self._plain = self.extra(self.members) if seen is None else seen
         return self._plain
 
+    def missing(self, rows: int) -> int | None:
+        """The first size the cost of `rows` needs that cannot be measured now (`extra`'s;
+        none where the batch times what it needs: Batch._size)."""
+        return self.extra.missing(max(rows, self.members))
+
     def __call__(self, rows: int) -> float:
         more = self.extra(max(rows, self.members)) - self.extra(self.members)
         return self.plain_step() + more

@@ -378,7 +378,7 @@ class Batch:
             begin, measuring = time.perf_counter(), cost.measuring_s
             others = (sum(gains) - gains[i], sum(rows) - rows[i])
             tree = _guarded(failed, e, lambda e=e, t=tree, o=others, w=worth[i]:
-                            e.size(t, drafting, cost, o, w))
+                            e.size(t, drafting, cost, o, w).tree)
             if tree is None:
                 trees.append(None)
                 seconds.append(0.0)

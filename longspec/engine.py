@@ -1,7 +1,7 @@
 """The decoding loop: prefill, then propose -> verify -> commit until a stop rule fires.
 
     tree = drafter.propose(tokens, budget)      # a draft tree rooted at the last token
-    tree = sizer.choose(tree, draft_seconds)     # the best prefix of a scored tree (sizing.py)
+    tree = sizer.choose(tree, draft_seconds).tree  # the best prefix of a scored tree (sizing.py)
     verdict = verify(tree, target, sampler)      # one target forward over the tree
     new = commit(tree, target, verdict)          # the only place that changes state
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterator
+from dataclasses import replace
 
 import torch
 
@@ -26,7 +27,7 @@ from .models.prefill import MAX_CHUNK, drain, prefilling
 from .models.transformer import ForwardOutput, Segment
 from .sampler import Sampler
 from .sampling import token_logprobs
-from .sizing import Sizer, StepCost, Unmeasured, calibration_key, subtree
+from .sizing import Plan, Sizer, StepCost, calibration_key, subtree
 from .stats import Stats
 from .stopping import StopRules
 from .tree import DraftTree, TreeTemplate
@@ -184,25 +185,20 @@ class Engine:
         """The drafter's tree, cut to the size that pays most when it is scored, the seconds
         its sizing took (timing steps for it left out), and whether its size times a step
         instead: where the choice needs a size not measured at this context, the tree is the
-        draft's best nodes, as many as that size, and its step measures it (sizing.py); where
-        the draft has fewer, a timing step over a throwaway tree does."""
+        draft's best nodes, as many as that size, and its step measures it (sizing.Plan);
+        where the draft has fewer, a timing step over a throwaway tree does."""
         tree, draft_seconds = self.draft()
-        timing = False
         begin, measured = time.perf_counter(), self.stats.sizing_s
         if self.budget.sizing == "adaptive" and tree.scores is not None and tree.n > 1:
             self.sizer.cost.refresh(len(self.tokens), None)
-        try:
-            tree = self.size(tree, draft_seconds)
-        except Unmeasured as missing:
-            timing = missing.rows <= tree.n
-            if timing:
-                tree = self.with_forced(self.sizer.best(tree, missing.rows))
-                if self.steps is not None:
-                    self.steps.capture(tree.n)
-            else:
-                self.sizer.cost.refresh(len(self.tokens), self.measure_step)
-                tree = self.size(tree, draft_seconds)
-        return tree, time.perf_counter() - begin - (self.stats.sizing_s - measured), timing
+        plan = self.size(tree, draft_seconds)
+        if plan.unmeasured:
+            self.sizer.cost.refresh(len(self.tokens), self.measure_step)
+            plan = self.size(tree, draft_seconds)
+        if plan.timing and self.steps is not None:
+            self.steps.capture(plan.tree.n)
+        seconds = time.perf_counter() - begin - (self.stats.sizing_s - measured)
+        return plan.tree, seconds, plan.timing
 
     def draft(self) -> tuple[DraftTree, float]:
         """The drafter's tree and the seconds it took; a scored tree (one the sizer cuts) less
@@ -217,16 +213,17 @@ class Engine:
         return tree, time.perf_counter() - begin
 
     def size(self, tree: DraftTree, draft_seconds: float, cost: StepCost | None = None,
-             others: tuple[float, int] = (0.0, 0), worth: float = 1.0) -> DraftTree:
+             others: tuple[float, int] = (0.0, 0), worth: float = 1.0) -> Plan:
         """The tree cut to the size that pays most (sizing.py), when it is scored: alone, by
         this generation's step costs; in a batch, by the batch's (`cost`), the others' expected
         new tokens and rows (`others`) sharing its step, and what its tokens are worth to the
         batch (`worth`). Then the tokens a grammar forces lead it (with_forced)."""
+        plan = Plan(tree)
         if tree.scores is not None and tree.n > 1:
-            tree = self.sizer.choose(tree, draft_seconds, self.budget.max_nodes,
+            plan = self.sizer.choose(tree, draft_seconds, self.budget.max_nodes,
                                      self.budget.sizing == "adaptive", cost=cost, others=others,
                                      worth=worth)
-        return self.with_forced(tree)
+        return replace(plan, tree=self.with_forced(plan.tree))
 
     def with_forced(self, tree: DraftTree) -> DraftTree:
         """The tree with the tokens the generation's grammar forces next as a chain below its

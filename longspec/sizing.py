@@ -11,7 +11,7 @@ n = 1 is a plain decoding step.
   a choice needs it: a step over 48 nodes costs ~8 plain steps on a CPU, and trees that
   large rarely pay, so measuring every size up front cost a fifth of a 512-token generation.
   A generation alone measures a size by a real step: its draft's best nodes, as many as the
-  size (`Unmeasured`; a timing step over a throwaway tree only where the draft has fewer),
+  size (`Plan.timing`; a timing step over a throwaway tree only where the draft has fewer),
   whose tokens count, where timing steps cost a module returned with an edit 8.6% of its
   decoding under AVX2 (three rounds of sizes 1 to 32 or 48: ~2 s of 23). Each size is timed
   once; the real steps of a measured size then lower its time to the fastest seen (a timing
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .memory import upload
 from .shared import StepCostTable
@@ -53,14 +54,17 @@ EXPLORE = 1.0                # standard errors of optimism in a bin's chance
 BIN_ESTIMATE = [2 ** (-(b + 0.5) / 4) for b in range(BINS)]   # the middle of each bin
 
 
-class Unmeasured(Exception):
-    """A choice needs the seconds of a step over `rows` rows, not measured at this context, and
-    the StepCost has no timing step to take (`StepCost.refresh` without one): the next real step
-    over that many rows measures it (`StepCost.observe`)."""
+@dataclass(frozen=True)
+class Plan:
+    """What a step verifies, as the sizer chose it: `tree`; `timing`: its size is one the
+    choice needed that is not measured at this context (the draft's best nodes, as many), and
+    its step measures it (StepCost.observe); `unmeasured`: a size the choice needs that the draft
+    is too small to measure (a timing step over a throwaway tree must, then the draft is sized
+    again; `tree` is the draft as it came), 0 when none."""
 
-    def __init__(self, rows: int):
-        super().__init__(f"a step over {rows} rows is not measured")
-        self.rows = rows
+    tree: DraftTree
+    timing: bool = False
+    unmeasured: int = 0
 
 
 class StepCost:
@@ -76,12 +80,13 @@ class StepCost:
         self.measuring_s = 0.0             # seconds spent measuring, all told
         self.table = table
         self._measure: Callable[[int], float] | None = None
-        self._asked: int | None = None     # the size an Unmeasured asked a real step for
+        self._asked: int | None = None     # the size `missing` asked a real step for
 
     def refresh(self, context: int, measure: Callable[[int], float] | None) -> None:
         """Forget the measurements when the context has moved far enough from the one
         measured at; sizes are measured again (`measure(n)`: seconds of a timing step over n
-        rows) as they are needed, or, without `measure`, raise Unmeasured."""
+        rows) as they are needed, or, without `measure`, by the real steps `missing` asks
+        for."""
         self._measure = measure
         moved = abs(context - self.context)
         if self.seconds and moved < max(self.context * (REFRESH_GROWTH - 1), REFRESH_MIN_TOKENS):
@@ -93,18 +98,23 @@ class StepCost:
         """The largest size measured (0: none)."""
         return self.sizes[len(self.seconds) - 1] if self.seconds else 0
 
-    def _measure_up_to(self, n: int) -> None:
+    def missing(self, n: int) -> int | None:
+        """The sizes around n measured first (looked up in the shared table, or timed where
+        a timing step may be); the first size that could not be, None when none: without a
+        timing step (refresh without `measure`), the next real step over that many rows
+        measures it (observe)."""
         while len(self.seconds) < len(self.sizes) and self.measured < n:
             size = self.sizes[len(self.seconds)]
             t = self._lookup(size)
             if t is None:
                 if self._measure is None:
                     self._asked = size
-                    raise Unmeasured(size)
+                    return size
                 t = self._measure(size)
                 self.measuring_s += t
                 self._record(size, t)
             self.seconds.append(max(t, self.seconds[-1]) if self.seconds else t)  # never cheaper
+        return None
 
     def _lookup(self, rows: int) -> float | None:
         if self.table is None:
@@ -116,8 +126,8 @@ class StepCost:
             self.table.record(1, rows, self.context, seconds)
 
     def observe(self, n: int, seconds: float) -> None:
-        """A real step over n nodes took `seconds`: when an Unmeasured asked for a step over
-        n rows, that is its measurement; when n is a measured size, its time becomes the
+        """A real step over n nodes took `seconds`: when `missing` asked for a step over n
+        rows, that is its measurement; when n is a measured size, its time becomes the
         fastest seen (smaller sizes never cost more)."""
         if n == self._asked and len(self.seconds) < len(self.sizes) \
                 and n == self.sizes[len(self.seconds)]:
@@ -134,8 +144,10 @@ class StepCost:
             self.seconds[j] = min(self.seconds[j], seconds)
 
     def __call__(self, n: int) -> float:
-        """Interpolated seconds of a step over n nodes (measuring the sizes around n first)."""
-        self._measure_up_to(n)
+        """Interpolated seconds of a step over n nodes (measuring the sizes around n first;
+        a size that cannot be measured now is a ValueError: ask `missing` first)."""
+        if (size := self.missing(n)) is not None:
+            raise ValueError(f"a step over {size} rows is not measured at this context")
         return self._interpolate(n)
 
     def known(self, n: int) -> float | None:
@@ -257,23 +269,26 @@ class Sizer:
 
     def choose(self, tree: DraftTree, draft_seconds: float, max_nodes: int,
                adaptive: bool = True, *, cost: StepCost | None = None,
-               others: tuple[float, int] = (0.0, 0), worth: float = 1.0) -> DraftTree:
+               others: tuple[float, int] = (0.0, 0), worth: float = 1.0) -> Plan:
         """The prefix of the tree's score order, of at most `max_nodes` nodes, that maximises
         expected new tokens per second (adaptive), or that has `max_nodes` nodes by the
-        drafter's own scores (fixed). In a batch, the rate is the batch's: `others` are the
-        expected new tokens (each counted at its worth) and the rows of the other generations
-        sharing the step, `cost` the batch's step costs (default: this generation's), `worth`
-        what each of this generation's tokens counts for."""
+        drafter's own scores (fixed); where the choice needs a size not measured, the plan to
+        measure it (Plan). In a batch, the rate is the batch's: `others` are the expected new
+        tokens (each counted at its worth) and the rows of the other generations sharing the
+        step, `cost` the batch's step costs (default: this generation's), `worth` what each of
+        this generation's tokens counts for."""
         if tree.scores is None or tree.n == 1:
-            return tree
+            return Plan(tree)
         if not adaptive:
             if tree.n <= max_nodes:
-                return tree
-            return subtree(tree, sorted([0, *score_order(tree.scores)[:max_nodes - 1]]))
+                return Plan(tree)
+            return Plan(subtree(tree, sorted([0, *score_order(tree.scores)[:max_nodes - 1]])))
         cost = self.cost if cost is None else cost
         gained, rows = others
         scores = self.calibration.scores(tree)
         order = score_order(scores)[:max_nodes - 1]
+        if (size := cost.missing(rows + 1)) is not None:
+            return self._measuring(tree, size)
         best, gain = 1, 1.0
         best_rate = (gained + worth * gain) / (draft_seconds + cost(rows + 1))
         rest = sum(scores[node] for node in order)      # the gain of the nodes not yet taken
@@ -284,14 +299,23 @@ class Sizer:
                 bound = (gained + worth * (gain + rest)) / (draft_seconds + cost(cost.measured))
                 if bound <= best_rate:
                     break
+            if (size := cost.missing(rows + k)) is not None:
+                return self._measuring(tree, size)
             gain += scores[node]
             rest -= scores[node]
             rate = (gained + worth * gain) / (draft_seconds + cost(rows + k))
             if rate > best_rate:
                 best, best_rate = k, rate
         if best == tree.n:
-            return tree
-        return subtree(tree, sorted([0, *order[:best - 1]]))
+            return Plan(tree)
+        return Plan(subtree(tree, sorted([0, *order[:best - 1]])))
+
+    def _measuring(self, tree: DraftTree, size: int) -> Plan:
+        """The plan that measures a step over `size` rows: the draft's best nodes, as many,
+        where it has that many."""
+        if size <= tree.n:
+            return Plan(self.best(tree, size), timing=True)
+        return Plan(tree, unmeasured=size)
 
     def best(self, tree: DraftTree, n: int) -> DraftTree:
         """The scored tree's n best nodes by their calibrated scores, as `choose` takes them."""

@@ -50,7 +50,7 @@ class TargetOutput:
     # seconds of the step outside the drafter's proposal that are this generation's: sizing
     # its tree, the forward (in a batch, its share by rows), choosing after its nodes
     seconds: float = 0.0
-    # the tree's size was set to time a step over that many rows (sizing.py's Unmeasured), not
+    # the tree's size was set to time a step over that many rows (sizing.Plan.timing), not
     # chosen for what it pays: its rate says nothing of the drafter's choices
     timing: bool = False
 

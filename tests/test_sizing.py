@@ -16,7 +16,7 @@ from longspec.drafters.base import Budget
 from longspec.sampler import Sampler
 from longspec.sampling import SamplingConfig
 from longspec.shared import FILE_KEYS, SharedState, StepCostTable
-from longspec.sizing import Calibration, Sizer, StepCost, Unmeasured, generation_sizer
+from longspec.sizing import Calibration, Sizer, StepCost, generation_sizer
 from longspec.tree import DraftTree
 
 pytestmark = pytest.mark.unit
@@ -50,13 +50,13 @@ def test_choice_is_the_one_every_size_measured_gives(chance):
     full, _, _ = sizer(48)
     full.cost(48)                                    # every size measured up front
     tree = chain(chance, 47)
-    assert lazy.choose(tree, 0.001, 48).n == full.choose(tree, 0.001, 48).n
+    assert lazy.choose(tree, 0.001, 48).tree.n == full.choose(tree, 0.001, 48).tree.n
     assert measured == sorted(measured)
 
 
 def test_sizes_that_cannot_pay_are_never_measured():
     s, measured, _ = sizer(48)
-    choice = s.choose(chain(0.05, 47), 0.001, 48)
+    choice = s.choose(chain(0.05, 47), 0.001, 48).tree
     assert choice.n <= 2
     assert max(measured) <= 4 and len(measured) == len(set(measured))   # each size once
     s, measured, _ = sizer(48)
@@ -92,27 +92,33 @@ def test_real_steps_lower_a_measured_size_to_the_fastest_seen():
 
 @pytest.mark.parametrize("chance", [0.05, 0.9, 0.999])
 def test_without_timing_steps_each_size_is_measured_by_the_next_real_step(chance):
-    """A choice that needs a size not measured asks for it (Unmeasured); the real step over
-    the draft's best nodes, as many as that, measures it; once every size it needs is in, the
-    choice is the one timing steps give."""
+    """A choice that needs a size not measured plans a step that measures it: the draft's best
+    nodes, as many as that; once every size it needs is in, the choice is the one timing steps
+    give."""
     timed, measured, measure = sizer(48)
     tree = chain(chance, 47)
-    expected, timing = timed.choose(tree, 0.001, 48).n, list(measured)
+    expected, timing = timed.choose(tree, 0.001, 48).tree.n, list(measured)
     s = Sizer(StepCost(48), Calibration())
     s.cost.refresh(100, None)
     asked = []
-    while True:
-        try:
-            choice = s.choose(tree, 0.001, 48)
-            break
-        except Unmeasured as missing:
-            asked.append(missing.rows)
-            step = s.best(tree, missing.rows)
-            assert step.n == missing.rows
-            assert step.tokens.tolist() == tree.tokens[:missing.rows].tolist()
-            s.cost.observe(step.n, measure(step.n))
+    while (plan := s.choose(tree, 0.001, 48)).timing:
+        asked.append(plan.tree.n)
+        assert plan.tree.tokens.tolist() == tree.tokens[:plan.tree.n].tolist()
+        s.cost.observe(plan.tree.n, measure(plan.tree.n))
     assert asked == timing                          # the sizes the timing steps took
-    assert choice.n == expected
+    assert plan.tree.n == expected and not plan.unmeasured
+    s.cost.refresh(10**6, None)                      # a new context: nothing measured
+    small = s.choose(chain(chance, 3), 0.001, 48)
+    assert (small.timing, small.tree.n) == (True, 1)
+
+
+def test_a_draft_smaller_than_the_size_a_choice_needs_asks_for_a_timing_step():
+    s = Sizer(StepCost(48), Calibration())
+    s.cost.refresh(100, lambda n: 0.01 * n)
+    s.cost(4)                                        # 1, 2, 4 measured
+    s.cost.refresh(100, None)
+    plan = s.choose(chain(0.999, 5), 0.001, 48)
+    assert plan.unmeasured == 8 and not plan.timing and plan.tree.n == 6
 
 
 def test_a_failing_source_is_doubted_in_bins_it_has_not_tried():
@@ -142,13 +148,13 @@ def test_a_bin_that_failed_first_is_tested_again():
     tree = chain(0.5, 15)
     rng = random.Random(0)
     for step in range(300):
-        chosen = s.choose(tree, 0.001, 16)
+        chosen = s.choose(tree, 0.001, 16).tree
         accepted = [0]
         while step >= 3 and len(accepted) < chosen.n and rng.random() < 0.85:
             accepted.append(len(accepted))
         s.record(chosen, accepted)
     assert s.calibration.chance(0, 0.5) > 0.75
-    assert s.choose(tree, 0.001, 16).n > 4
+    assert s.choose(tree, 0.001, 16).tree.n > 4
 
 
 def test_a_source_whose_first_drafts_all_failed_is_tested_again():
@@ -164,12 +170,12 @@ def test_a_source_whose_first_drafts_all_failed_is_tested_again():
         s.record(chain(chance, 1), [0])
     tree = chain(0.9, 15)
     for _ in range(300):
-        chosen = s.choose(tree, 0.001, 16)
+        chosen = s.choose(tree, 0.001, 16).tree
         accepted = [0]
         while len(accepted) < chosen.n and rng.random() < 0.85:
             accepted.append(len(accepted))
         s.record(chosen, accepted)
-    assert s.choose(tree, 0.001, 16).n > 4
+    assert s.choose(tree, 0.001, 16).tree.n > 4
 
 
 def test_a_batch_prices_the_rows_past_its_roots_as_a_step_grows_from_as_many_rows():
