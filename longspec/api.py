@@ -10,7 +10,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .drafters import DraftSetup, check_arguments, get_method
+from .drafters.base import Budget
+from .drafters.registry import MethodSpec
 from .engine import Engine
+from .grammar import GrammarState
 from .models.loader import Model
 from .progress import ProgressBar
 from .request import (
@@ -25,6 +28,7 @@ from .request import (
     resumed_ids,
 )
 from .sampler import Sampler
+from .sampling import SamplingConfig
 from .sizing import generation_sizer
 from .stopping import StopRules
 from .text import TextStream, cut_at_stop, decode
@@ -83,18 +87,34 @@ def _stop_rules(model: Model, stop, ignore_eos: bool, least: int = 0) -> StopRul
 def prepare(model: Model, request: Request) -> tuple[Engine, list[int]]:
     """Check every argument, then build the engine; nothing runs yet. Returns the engine and
     the token ids to start it with (the prompt, then the tokens of `resume_from`)."""
-    engine, prompt_ids, resumed, _ = _prepare(model, request)
-    return engine, prompt_ids + resumed
+    ready = prepare_request(model, request)
+    return build_engine(model, ready), ready.prompt_ids + ready.resumed
 
 
-def _prepare(model: Model, request: Request
-             ) -> tuple[Engine, list[int], list[int], list[int]]:
-    """The engine, the prompt's ids, the resumed ids and the prediction's.
+@dataclass(frozen=True)
+class Prepared:
+    """A request checked and made ready without running the model or allocating for it (the
+    tokenizer, the chat template, the grammar's compilation: work that may run on any thread,
+    beside a thread that decodes): what `build_engine` and `open_prepared` build one
+    generation from. Its grammar state is the generation's own: one Prepared, one generation."""
 
-    A resumed run is the same generation as an uninterrupted one: the sampler's noise is keyed
-    on the original prompt and absolute positions, the engine prefills prompt + resumed tokens
-    and has max_new_tokens - len(resumed) left (so the context it plans for is the same), and
-    the stop rules have seen the resumed tokens (a stop string may straddle the seam)."""
+    request: Request
+    spec: MethodSpec                  # the method that runs (`ar` where speculation is off)
+    budget: Budget
+    options: dict
+    max_new_tokens: int
+    seed: int
+    sampling: SamplingConfig
+    prompt_ids: list[int]
+    resumed: list[int]
+    prediction: list[int]
+    grammar: GrammarState | None
+
+
+def prepare_request(model: Model, request: Request, prompt_ids: list[int] | None = None
+                    ) -> Prepared:
+    """Check every argument and make the request ready (Prepared); `prompt_ids`: the prompt
+    as `encode_request` gave it already (it is not encoded again)."""
     r = request
     if not isinstance(model, Model):
         raise TypeError("model must come from longspec.load_model")
@@ -102,37 +122,52 @@ def _prepare(model: Model, request: Request
     check_arguments(spec, draft_model=r.draft_model is not None, heads=r.heads is not None,
                     verify=r.verify, prediction=bool(r.prediction))
     n, seed, sampling = checked_settings(r)
-    prompt_ids = encode_request(model, r)
+    prompt_ids = encode_request(model, r) if prompt_ids is None else list(prompt_ids)
     prediction = encode_prediction(model, r.prediction)
     check_length(model, len(prompt_ids), n)
     resumed = resumed_ids(model, r, n)
     grammar = checked_grammar(model, r, resumed)
-    rules = _stop_rules(model, r.stop, r.ignore_eos, r.min_new_tokens)
-    stop_at = rules.cut(resumed)
-    if stop_at is not None and stop_at < len(resumed):
-        raise ValueError(f"resume_from ends the generation at its token {stop_at - 1} (a stop "
-                         "rule fires there), yet goes on: it was not made with these settings")
     budget, options = spec.resolve(r.options)
     if model.profile is not None and model.profile.speculation != "on":
         # no kernel path keeps a tree's rows bitwise its tokens' alone here (selfcheck.py):
         # the method's settings are checked, then every step is plain decoding
         spec = get_method("ar")
         budget, options = spec.resolve(None)
-    sampler = Sampler(sampling, seed, prompt_ids, model.config.vocab_size, model.device,
-                      rejection=r.verify == "rejection", grammar=grammar,
+    return Prepared(r, spec, budget, options, n, seed, sampling, prompt_ids, resumed,
+                    prediction, grammar)
+
+
+def build_engine(model: Model, ready: Prepared) -> Engine:
+    """The engine of a prepared request (its sampler, drafter and stop rules); nothing runs.
+
+    A resumed run is the same generation as an uninterrupted one: the sampler's noise is keyed
+    on the original prompt and absolute positions, the engine prefills prompt + resumed tokens
+    and has max_new_tokens - len(resumed) left (so the context it plans for is the same), and
+    the stop rules have seen the resumed tokens (a stop string may straddle the seam)."""
+    r, n, resumed, prompt_ids = ready.request, ready.max_new_tokens, ready.resumed, \
+        ready.prompt_ids
+    rules = _stop_rules(model, r.stop, r.ignore_eos, r.min_new_tokens)
+    stop_at = rules.cut(resumed)
+    if stop_at is not None and stop_at < len(resumed):
+        raise ValueError(f"resume_from ends the generation at its token {stop_at - 1} (a stop "
+                         "rule fires there), yet goes on: it was not made with these settings")
+    sampler = Sampler(ready.sampling, ready.seed, prompt_ids, model.config.vocab_size,
+                      model.device, rejection=r.verify == "rejection", grammar=ready.grammar,
                       bias=logit_bias(model, r),
                       least=(r.min_new_tokens, sorted(rules.eos_ids | rules.stop_ids)))
     context = len(prompt_ids) + n
+    budget = ready.budget
     sizer = generation_sizer(model, r.method, sampler.config, budget.max_nodes)
-    drafter = spec.build(DraftSetup(model, budget, options, sampler, sizer, r.draft_model,
-                                    r.heads, capacity=context + budget.max_nodes + 1,
-                                    context=context, prediction=tuple(prediction)))
+    drafter = ready.spec.build(DraftSetup(model, budget, ready.options, sampler, sizer,
+                                          r.draft_model, r.heads,
+                                          capacity=context + budget.max_nodes + 1,
+                                          context=context, prediction=tuple(ready.prediction)))
     engine = Engine(model, drafter, sampler, budget, n - len(resumed), rules, r.method,
                     sizer=sizer)
     engine.done = stop_at is not None or len(resumed) == n    # nothing left to generate
     engine.logprobs_top = r.logprobs
     engine.check_memory(len(prompt_ids) + len(resumed))
-    return engine, prompt_ids, resumed, prediction
+    return engine
 
 
 class Stream:
@@ -235,13 +270,19 @@ class Stream:
 
 def stream(model: Model, prompt, *, progress: bool = False, **settings) -> Stream:
     """Like `generate`, but returns a `Stream` yielding new tokens as they are committed."""
-    return stream_request(model, _request(prompt, settings), progress)
+    return stream_request(model, make_request(prompt, settings), progress)
 
 
 def stream_request(model: Model, request: Request, progress: bool = False) -> Stream:
     """`stream` of a Request already made (a batch job's lines)."""
-    engine, prompt_ids, resumed, prediction = _prepare(model, request)
-    return Stream(model, engine, request, prompt_ids, progress, resumed, prediction)
+    return open_prepared(model, prepare_request(model, request), progress)
+
+
+def open_prepared(model: Model, ready: Prepared, progress: bool = False) -> Stream:
+    """`stream` of a request already prepared (prepare_request: the server prepares requests
+    off the thread that decodes, then opens them on it)."""
+    return Stream(model, build_engine(model, ready), ready.request, ready.prompt_ids, progress,
+                  ready.resumed, ready.prediction)
 
 
 def generate(model: Model, prompt, *, progress: bool = False, **settings) -> GenerationResult:
@@ -267,7 +308,8 @@ def generate(model: Model, prompt, *, progress: bool = False, **settings) -> Gen
     return s.result
 
 
-def _request(prompt, settings: dict) -> Request:
+def make_request(prompt, settings: dict) -> Request:
+    """The Request of `generate`'s keyword settings (TypeError for one it does not take)."""
     unknown = sorted(set(settings) - set(Request.fields()))
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}; settings are: "

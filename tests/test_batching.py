@@ -282,7 +282,8 @@ def test_a_bad_prompt_is_refused_when_it_joins_with_the_fix():
         longspec.generate_many(target, PROMPTS, max_new_tokens=0)
 
 
-@pytest.mark.parametrize("method", [pytest.param("ar", marks=pytest.mark.slow), "auto"])
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ar", "auto"])
 def test_a_long_prompt_joins_a_chunk_a_step_and_every_stream_writes_what_it_writes_alone(
         method):
     """An admitted stream's prefill runs one chunk before each of the batch's steps: the

@@ -612,3 +612,30 @@ def test_parallel_tool_calls_false_allows_one_call(model):
     ar = longspec.generate(model, asked, method="ar", **settings)
     assert len(ar.tool_calls or []) <= 1
     assert longspec.generate(model, asked, method="auto", **settings).token_ids == ar.token_ids
+
+
+def test_a_request_is_prepared_beside_the_worker_and_its_prompt_tokenized_once(
+        server, client, monkeypatch):
+    from longspec import api
+    from longspec.serve import app
+
+    threads, encoded = [], []
+    prepare, encode = api.prepare_request, app.encode_request
+
+    def recorded_prepare(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return prepare(*args, **kwargs)
+
+    def recorded_encode(*args, **kwargs):
+        encoded.append(1)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(app, "prepare_request", recorded_prepare)
+    monkeypatch.setattr(app, "encode_request", recorded_encode)
+    tiny = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+            "additionalProperties": False}
+    res = client.chat.completions.create(          # no max_tokens: the rest of the context
+        model="demo-chat", messages=MESSAGES, n=2, seed=5, response_format={
+            "type": "json_schema", "json_schema": {"name": "tiny", "schema": tiny}})
+    assert len(res.choices) == 2 and encoded == [1]
+    assert len(threads) == 2 and "longspec-generate" not in threads

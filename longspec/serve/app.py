@@ -15,16 +15,16 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..api import Stream, stream
+from ..api import Prepared, make_request, open_prepared, prepare_request
 from ..models.loader import Model
-from ..request import MAX_SEED, encode_prompt
-from ..tools import checked_tools
+from ..request import MAX_SEED, encode_request
 from .config import ServeConfig
 from .metrics import PROMETHEUS_TYPE, ApiKeyMiddleware, Metrics, MetricsMiddleware
 from .responses import APIError, Shape, error_body, failure_body, sse, timeout_body
@@ -55,16 +55,19 @@ class Server:
                            f"{cfg.model_name!r}", param="model", code="model_not_found")
         return body_settings(body, chat, Defaults(cfg.method, cfg.draft_model, cfg.heads))
 
-    def open(self, prompt, settings: dict) -> Stream:
-        """longspec's checks and the engine, built; nothing runs (called on the worker's
-        thread, where everything that runs the model runs)."""
+    def prepare(self, prompt, settings: dict, seeds: list[int]) -> list[Prepared]:
+        """longspec's checks, the prompt tokenized (once), its grammar compiled: each choice's
+        request made ready (prepare_request), off the worker's thread, which only builds the
+        engines from them (open_prepared)."""
+        request = make_request(prompt, {**settings, "max_new_tokens": settings["max_new_tokens"]
+                                        or 1})
+        ids = encode_request(self.model, request)
         if settings["max_new_tokens"] is None:
-            tools, _ = checked_tools(self.model, settings.get("tools"),
-                                     settings.get("tool_choice"))
-            used = len(encode_prompt(self.model, prompt, tools))
-            room = self.model.config.context_limit - used
-            settings["max_new_tokens"] = max(1, min(room, self.config.default_max_tokens))
-        return stream(self.model, prompt, **settings)
+            room = self.model.config.context_limit - len(ids)
+            request = replace(request, max_new_tokens=max(1, min(
+                room, self.config.default_max_tokens)))
+        return [prepare_request(self.model, replace(request, seed=seed), ids)
+                for seed in seeds]
 
     # -- one request ----------------------------------------------------------------------------
 
@@ -82,8 +85,9 @@ class Server:
         if self.worker.room() < body.n:     # refuse before building anything (checked again)
             raise self.queue_full()
         try:
+            ready = await asyncio.to_thread(self.prepare, prompt, settings, seeds)
             streams = await asyncio.wrap_future(self.worker.call(
-                lambda: [self.open(prompt, {**settings, "seed": seed}) for seed in seeds]))
+                lambda: [open_prepared(self.model, each) for each in ready]))
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e)) from None
         loop = asyncio.get_running_loop()
