@@ -59,10 +59,10 @@ class Server:
         """longspec's checks, the prompt tokenized (once), its grammar compiled: each choice's
         request made ready (prepare_request), off the worker's thread, which only builds the
         engines from them (open_prepared)."""
-        request = make_request(prompt, {**settings, "max_new_tokens": settings["max_new_tokens"]
-                                        or 1})
+        given = settings["max_new_tokens"]     # None: the rest of the context, decided below
+        request = make_request(prompt, {**settings, "max_new_tokens": given or 1})
         ids = encode_request(self.model, request)
-        if settings["max_new_tokens"] is None:
+        if given is None:
             room = self.model.config.context_limit - len(ids)
             request = replace(request, max_new_tokens=max(1, min(
                 room, self.config.default_max_tokens)))
