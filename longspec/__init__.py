@@ -1,8 +1,8 @@
 """longspec: lossless speculative decoding for long generation."""
 
 from .api import Chunk, GenerationResult, Request, Stream, generate, stream
-from .batching import generate_many, stream_many
 from .drafters import METHODS, MethodSpec, method_names
+from .many import generate_many, stream_many
 from .models import Model, demo_path, fetch_model, load_model
 from .sampling import SamplingConfig
 

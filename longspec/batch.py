@@ -34,8 +34,8 @@ from pathlib import Path
 
 from .api import GenerationResult, Stream, stream_request
 from .batching import DEFAULT_MAX_BATCH
-from .batching import run_batch as run_batch_streams
 from .drafters import check_arguments, get_method
+from .many import run_batch as run_batch_streams
 from .models.loader import Model
 from .request import Request, checked_settings, encode_request
 from .sampling import SamplingConfig

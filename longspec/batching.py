@@ -28,26 +28,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Generator
 
 import torch
 
-from . import api
-from .api import Chunk, GenerationResult, Stream
+from .api import Chunk, Stream
 from .batch_cost import BatchCost
 from .drafters.auto import StepRates
 from .engine import Engine
+from .isolation import alive, guarded
 from .memory import PeakMemory
 from .models.graphs import BatchSteps, graphs_wanted
 from .models.prefill import drain
-from .sampler import choices_together
+from .sampler import choices_together, samples_together
 from .sizing import calibration_key
 from .tree import DraftTree
 from .verify import TargetOutput, Verdict, verify_trees
 
 log = logging.getLogger("longspec.batching")
-T = TypeVar("T")
 
 # generations a batch steps at once, unless told: on 2 CPU cores plain decoding gains 1.15x
 # more from 4 to 8 SmolLM2 chat answers and `auto` 1.10x, while each generation's memory is
@@ -57,24 +55,11 @@ DEFAULT_MAX_BATCH = 4
 # (StepRates' budget): 8 SmolLM2 answers at T=1, max_batch 8, ran 0.98x plain batched
 # decoding with tries every 64 steps, 1.00x with this budget (docs/benchmarks/batching.md)
 TRY_BUDGET = 0.01
-
-
 # the most prompt tokens a joining stream's prefill runs between two of the batch's steps
 # (admit): the members wait at most one such chunk. A 4,000-token prompt took 0.71-0.84x the
 # time in chunks of 256 as in chunks of 1,024 (prefill.MAX_CHUNK) on a Zen 3 (SmolLM2 int4,
 # the test model in float32), the cache's bits the same
 ADMISSION_CHUNK = 256
-
-
-def samples_together(device: torch.device) -> bool:
-    """Whether a batch on `device` chooses its members' tokens in one set of operations over
-    all their rows, with one read-back a step (choices_together, verify_trees), where they
-    share a sampling setting: on CUDA, where each member's own sampling and read-back cost
-    ~1 ms of host time a step (its kernels' launches and its sync: a step of 8 SmolLM2 members
-    took 17.5 ms on an H200, one generation's 3.0; docs/benchmarks/cuda.md). Not on a CPU, where one
-    member at a time is faster: process_logits over 8 rows of SmolLM2's vocabulary at T=0.7,
-    top-p 0.9 took 0.22 ms a row together and 0.07 ms a row alone."""
-    return device.type == "cuda"
 
 
 class Batch:
@@ -258,12 +243,12 @@ class Batch:
         started, measured = time.perf_counter(), cost.measuring_s
         drafting = self.gate.choose()
         sure = not drafting and self.sure.choose()
-        drafts = [_guarded(failed, e, lambda e=e: e.draft() if drafting or not e.drafter
+        drafts = [guarded(failed, e, lambda e=e: e.draft() if drafting or not e.drafter
                            .plain_steps else self._plain_step(e, sure)) for e in engines]
-        engines, drafts = _alive(failed, engines, drafts)
+        engines, drafts = alive(failed, engines, drafts)
         left = [e.max_new_tokens - e.stats.new_tokens for e in engines]
         trees, sizing = self._size(engines, drafts, cost, left, failed)
-        engines, trees, sizing, left = _alive(failed, engines, trees, sizing, left)
+        engines, trees, sizing, left = alive(failed, engines, trees, sizing, left)
         if not engines:
             return {}
         begin = time.perf_counter()
@@ -279,8 +264,8 @@ class Batch:
         for e, tree, judged in zip(engines, trees, verdicts):
             e.stats.verify_forward_s += forward_s
             news.append(None if judged is None
-                        else _guarded(failed, e, lambda e=e, t=tree, j=judged: e.commit(t, *j)))
-        engines, trees, left, news = _alive(failed, engines, trees, left, news)
+                        else guarded(failed, e, lambda e=e, t=tree, j=judged: e.commit(t, *j)))
+        engines, trees, left, news = alive(failed, engines, trees, left, news)
         measuring = cost.measuring_s - measured      # timing steps: not a step's
         worth, seconds = self._worth(left, news), time.perf_counter() - started - measuring
         self.gate.record(drafting, worth, seconds)
@@ -311,7 +296,7 @@ class Batch:
         samplers = [e.sampler for e in engines]
         config = samplers[0].config
         if not self.together or any(s.config != config or s.rejection for s in samplers):
-            return [_guarded(failed, e, lambda e=e, t=tree, o=out, p=part: e.judge(t, o, p))
+            return [guarded(failed, e, lambda e=e, t=tree, o=out, p=part: e.judge(t, o, p))
                     for e, tree, out, part in zip(engines, trees, outs, seconds)]
         begin = time.perf_counter()
         processed, choices = choices_together(samplers, trees,
@@ -377,7 +362,7 @@ class Batch:
         for i, (e, (tree, _)) in enumerate(zip(engines, drafts)):
             begin, measuring = time.perf_counter(), cost.measuring_s
             others = (sum(gains) - gains[i], sum(rows) - rows[i])
-            tree = _guarded(failed, e, lambda e=e, t=tree, o=others, w=worth[i]:
+            tree = guarded(failed, e, lambda e=e, t=tree, o=others, w=worth[i]:
                             e.size(t, drafting, cost, o, w).tree)
             if tree is None:
                 trees.append(None)
@@ -407,77 +392,3 @@ class Batch:
         for e in engines:
             e.stats.sizing_s += seconds
         return seconds
-
-
-def _guarded(failed: dict[int, Exception], engine: Engine, call: Callable[[], T]) -> T | None:
-    """call()'s value, or None where it raises: the member has failed (failed[id(engine)])."""
-    try:
-        return call()
-    except Exception as e:      # noqa: BLE001 (the member's generation ends with it)
-        failed[id(engine)] = e
-        return None
-
-
-def _alive(failed: dict[int, Exception], engines: list[Engine], *columns: list) -> tuple:
-    """The engines that have not failed, and each column's entries for them."""
-    keep = [i for i, e in enumerate(engines) if id(e) not in failed]
-    return tuple([column[i] for i in keep] for column in (engines, *columns))
-
-
-def run_batch(model, streams: Iterable[Stream], max_batch: int
-              ) -> Iterator[tuple[Stream, Chunk]]:
-    """Run the streams, at most `max_batch` at a time, in the order given (a stream joins when
-    another leaves; the next is made one ahead): each stream's chunks as its steps commit them
-    (one empty chunk for a stream with nothing left to generate), its `result` set with its
-    last. Closing the iterator stops the members where they are; streams not started are left
-    as they are."""
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be at least 1, got {max_batch}")
-    waiting = iter(streams)
-    batch = Batch(model)
-    try:
-        following = next(waiting, None)     # made one ahead: whether any waits (Batch.closed)
-        while following is not None or batch.members:
-            while following is not None and len(batch) < max_batch:
-                stream, following = following, next(waiting, None)
-                batch.join(stream)
-                if stream.result is not None:       # it had nothing left to generate
-                    yield stream, Chunk([], "")
-            if batch.members:
-                batch.closed = following is None
-                for stream, item in batch.step():
-                    if isinstance(item, Exception):
-                        raise item
-                    yield stream, item
-    finally:
-        batch.close()
-
-
-def stream_many(model, prompts: Iterable, *, max_batch: int = DEFAULT_MAX_BATCH,
-                **settings) -> Iterator[tuple[int, Chunk]]:
-    """`stream` for several prompts, batched: (the prompt's index, Chunk) as steps commit
-    them, at most `max_batch` generations at a time. The settings are `generate`'s, the same
-    for every prompt; each prompt's tokens are those `generate` gives it alone. A prompt's
-    generation is set up (and its arguments checked) when the one before it joins the batch,
-    and started when it joins."""
-    made: dict[int, tuple[int, Stream]] = {}
-    for s, chunk in run_batch(model, _streams(model, prompts, settings, made), max_batch):
-        yield made[id(s)][0], chunk
-
-
-def generate_many(model, prompts: Iterable, *, max_batch: int = DEFAULT_MAX_BATCH,
-                  **settings) -> list[GenerationResult]:
-    """`generate` for several prompts, batched (stream_many): their results, in order."""
-    made: dict[int, tuple[int, Stream]] = {}
-    for _ in run_batch(model, _streams(model, prompts, settings, made), max_batch):
-        pass
-    return [s.result for _, s in sorted(made.values(), key=lambda entry: entry[0])]
-
-
-def _streams(model, prompts: Iterable, settings: dict, made: dict[int, tuple[int, Stream]]
-             ) -> Iterator[Stream]:
-    """A stream per prompt, made as it is asked for and kept in `made` with its index."""
-    for i, prompt in enumerate(prompts):
-        s = api.stream(model, prompt, **settings)
-        made[id(s)] = (i, s)
-        yield s

@@ -16,8 +16,8 @@ from test_sizing import chain
 
 import longspec
 from longspec import batching
-from longspec.batching import run_batch
 from longspec.cache import StaticCache
+from longspec.many import run_batch
 from longspec.models.prefill import prefill
 from longspec.models.transformer import Segment
 from longspec.tree import DraftTree, TreeShape

@@ -12,8 +12,8 @@ import torch
 from test_lossless import OPTIONS, models
 
 import longspec
-from longspec.batching import run_batch
 from longspec.grammar import Constraint, GrammarState, constraint_of, graft
+from longspec.many import run_batch
 from longspec.tree import FORCED, DraftTree, TrieBuilder
 
 pytestmark = pytest.mark.usefixtures("costs_that_pay")

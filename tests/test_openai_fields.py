@@ -10,7 +10,7 @@ import pytest
 from test_lossless import OPTIONS, models
 
 import longspec
-from longspec.batching import run_batch
+from longspec.many import run_batch
 
 pytestmark = pytest.mark.usefixtures("costs_that_pay")
 
