@@ -53,8 +53,10 @@ class Sampler:
         self.output = (PenaltyWindow(WHOLE_OUTPUT, vocab_size, device)
                        if config.counts_output else None)
         self.least = least[0] if least[1] else 0
-        self.ending = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        self.ending[least[1]] = True
+        self.ending: torch.Tensor | None = None     # [vocab]: the ending ids, while they matter
+        if self.least:
+            self.ending = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            self.ending[least[1]] = True
 
     def _early(self, allowed: torch.Tensor | None, new_before: torch.Tensor
                ) -> torch.Tensor | None:
