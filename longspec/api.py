@@ -9,6 +9,7 @@ import difflib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from .batching import Batch
 from .drafters import DraftSetup, check_arguments, get_method
 from .drafters.base import Budget
 from .drafters.registry import MethodSpec
@@ -212,15 +213,19 @@ class Stream:
         return self.prompt_ids + self.resumed
 
     def _run(self) -> Iterator[Chunk]:
+        """The generation alone: a batch of one (batching.py), stepped as the chunks are
+        asked for; closing it stops the generation where it is."""
         self._bar = ProgressBar(self.engine.max_new_tokens, enabled=self.progress)
-        finished = self.engine.done
+        batch = Batch(self.model)
         try:
-            if not finished:
-                for new in self.engine.run(self.start_ids):
-                    yield self.take(new)
-                finished = True
+            batch.join(self)
+            while batch.members:
+                for _, item in batch.step():
+                    if isinstance(item, Exception):
+                        raise item
+                    yield item
         finally:
-            self.end(finished)
+            batch.close()
 
     def take(self, new: list[int]) -> Chunk:
         """The chunk of tokens a step of the engine committed (as a batch's steps hand them

@@ -1,27 +1,19 @@
-"""Batched verification: several generations stepping together on one model.
+"""Batched verification: several generations stepping together on one model, in one step
+function for one generation and many (docs/design.md, "The step" and "Sizing").
 
-Each step, every member drafts its tree; the trees are sized for the batch; one forward
-verifies them all (`Transformer.forward_many`: every row bitwise what it is in its generation's
-own forward, so each member writes what it writes alone); then each member judges and commits
-its own verdict. A generation joins at a step boundary (its prefill runs then) and leaves when
-it is done or dropped. A batch of one steps as a generation alone does (CUDA graphs included).
-
-Sizing for the batch: a step of R rows over the batch's caches costs its plain step plus what
-the rows past the members' roots add (BatchCost); each member in turn keeps the prefix of its
-tree that maximises the batch's expected new tokens per second, the others' rows and expected
-tokens (a plain step's 1 until they choose) counted. A tree's rows cost the whole batch a share
-of its step, so under load speculation shrinks, and a step is never sized slower than the
-batch's plain step (every tree its root alone) is expected to be. Whether to draft at all is
-measured twice: the batch's drafting steps against its plain steps (Batch.gate, whose tries
-lose at most TRY_BUDGET of the batch's seconds), and each drafter's own gate (auto's), of its
-proposal's seconds and its share of the rest (TargetOutput.seconds: the forward split by
-rows). In the batch's plain steps a member whose drafter is sure of its tree still drafts
-(Drafter.propose_if_sure: `auto` its suffix matches' drafts, where they are sure as in its own
-plain steps alone), so a generation that copies or repeats itself is not held to plain steps by
-the others. Members of one method and sampling setting learn one calibration
-(Calibration.share), so one member's failed drafts teach the others at the next step. Once no
-prompt waits to join (run_batch), the batch is done when its last member is, and the gate
-counts a step for how far it moved that end.
+Each step, every member drafts its tree; the trees are sized for the batch (batch_cost.py);
+one forward verifies them all (`Transformer.forward_many`: every row bitwise what it is in its
+generation's own forward, so each member writes what it writes alone); then each member judges
+and commits its own verdict. A generation joins at a step boundary (its prefill runs then, or a
+chunk of it before each step: admit) and leaves when it is done or dropped. A generation alone
+is a batch of one (api.Stream): the same step, its forward its own (CUDA graphs included),
+whether to draft its drafter's choice (auto's gate), and a size its sizing needs timed by a
+real step of its draft's best nodes (sizing.Plan). In a batch, whether to draft is measured
+twice: the batch's drafting steps against its plain steps (Batch.gate), and each drafter's own
+gate. In the batch's plain steps a member whose drafter is sure of its tree still drafts
+(Drafter.propose_if_sure), so a generation that copies or repeats itself is not held to plain
+steps by the others. Members of one method and sampling setting learn one calibration
+(Calibration.share).
 """
 
 from __future__ import annotations
@@ -29,21 +21,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import torch
 
-from .api import Chunk, Stream
-from .batch_cost import BatchCost
+from .batch_cost import BatchCost, size_trees
 from .drafters.auto import StepRates
 from .engine import Engine
 from .isolation import alive, guarded
 from .memory import PeakMemory
 from .models.graphs import BatchSteps, graphs_wanted
-from .models.prefill import drain
+from .models.prefill import MAX_CHUNK
 from .sampler import choices_together, samples_together
 from .sizing import calibration_key
 from .tree import DraftTree
 from .verify import TargetOutput, Verdict, verify_trees
+
+if TYPE_CHECKING:       # the streams a batch steps (api.py steps one alone in a batch of one)
+    from .api import Chunk, Stream
 
 log = logging.getLogger("longspec.batching")
 
@@ -52,8 +47,7 @@ log = logging.getLogger("longspec.batching")
 # paid that many times (docs/benchmarks/batching.md)
 DEFAULT_MAX_BATCH = 4
 # the share of a batch's seconds its gate's drafting tries may lose against its plain steps
-# (StepRates' budget): 8 SmolLM2 answers at T=1, max_batch 8, ran 0.98x plain batched
-# decoding with tries every 64 steps, 1.00x with this budget (docs/benchmarks/batching.md)
+# (StepRates' budget; docs/design.md, "Sizing")
 TRY_BUDGET = 0.01
 # the most prompt tokens a joining stream's prefill runs between two of the batch's steps
 # (admit): the members wait at most one such chunk. A 4,000-token prompt took 0.71-0.84x the
@@ -71,13 +65,10 @@ class Batch:
         # drafting at all (True) or a plain step for every member whose drafter allows one
         # and is not sure of a tree (False), as measured in what the batch's steps are worth
         # (_worth) a second (auto.py's gate, for a batch); plain steps first, the drafting
-        # tries spaced by what they lose (a first try from fresh calibrations cost 8 SmolLM2
-        # answers at T=1 four plain steps; tries every 64 steps, 2.7% of their batch)
+        # tries spaced by what they lose
         self.gate = StepRates(retried=(True,), budget=TRY_BUDGET)
         # in its plain steps, the members' sure drafts (propose_if_sure) allowed (True) or
-        # not, as measured: the steps that carried some against the plain ones (the
-        # calibration may be too sure: 8 SmolLM2 answers at T=1 had 0.46 of their sure drafts'
-        # rows accepted where it expected 0.8, and the steps carrying them cost the batch 4%)
+        # not, as measured: the steps that carried some against the plain ones
         self.sure = StepRates(retried=(True,))
         # no generation waits to join (run_batch sets it): the batch is done when its last
         # member is, so a step counts for how far it moves that end (_worth), not for every
@@ -98,42 +89,35 @@ class Batch:
     def join(self, stream: Stream) -> None:
         """Start the stream's generation (its whole prefill, now) and step it with the others
         from the next step; a generation with nothing left to do ends at once."""
-        self.admit(stream)
-        if self.joining and self.joining[-1][0] is stream:
-            starting = self.joining.pop()[1]
-            try:
-                drain(starting)
-            except BaseException:
-                stream.end(False)
-                self._close_memory_if_idle()
-                raise
-            self._become_member(stream)
+        self.admit(stream, MAX_CHUNK)
+        while any(s is stream for s, _ in self.joining):
+            for _, error in self._prefill_chunk(whole=True):
+                raise error
 
-    def admit(self, stream: Stream) -> None:
-        """Let the stream join: its prefill runs a chunk a step (step), ahead of the members'
-        forward, so that they wait at most one chunk for it; a generation with nothing left to
-        do ends at once."""
+    def admit(self, stream: Stream, max_chunk: int = ADMISSION_CHUNK) -> None:
+        """Let the stream join: its prefill runs a chunk (`max_chunk` tokens) a step (step),
+        ahead of the members' forward, so that they wait at most one chunk for it; a generation
+        with nothing left to do ends at once."""
         if stream.engine.done:
             stream.end(True)
             return
         if self._memory is None:
             self._memory = PeakMemory(self.model.device).__enter__()
-        self.joining.append((stream, stream.engine.starting(stream.start_ids,
-                                                            ADMISSION_CHUNK)))
+        self.joining.append((stream, stream.engine.starting(stream.start_ids, max_chunk)))
 
     def _become_member(self, stream: Stream) -> None:
         self._share_calibration(stream.engine)
         self.members.append(stream)
 
-    def _prefill_chunk(self) -> list[tuple[Stream, Exception]]:
-        """One chunk of the first joining stream's prefill (all of it while no member waits);
-        a stream whose prefill ends becomes a member. The streams whose prefill failed (they
-        left)."""
+    def _prefill_chunk(self, whole: bool = False) -> list[tuple[Stream, Exception]]:
+        """One chunk of the first joining stream's prefill (all of it while no member waits,
+        or when `whole`); a stream whose prefill ends becomes a member. The streams whose
+        prefill failed (they left)."""
         stream, starting = self.joining[0]
         try:
             while True:
                 next(starting)
-                if self.members:
+                if self.members and not whole:
                     return []
         except StopIteration:
             self.joining.pop(0)
@@ -148,8 +132,7 @@ class Batch:
     def _share_calibration(self, engine: Engine) -> None:
         """A member of the method and sampling setting of one already here learns and reads
         that one's calibration: what one member's drafts show, the others read at the next
-        step, where each would first see its own drafts fail (8 SmolLM2 answers at T=1, each
-        from a fresh calibration, tried sure drafts that cost the batch 1-4%)."""
+        step, where each would first see its own drafts fail."""
         key = calibration_key(engine.method, engine.sampler.config)
         for s in self.members:
             if calibration_key(s.engine.method, s.engine.sampler.config) == key:
@@ -208,10 +191,7 @@ class Batch:
             return joined
         failed: dict[int, Exception] = {}       # by id(engine)
         try:
-            if len(members) == 1:
-                news = {id(members[0].engine): members[0].engine.step()}
-            else:
-                news = self._step([s.engine for s in members], failed)
+            news = self._step([s.engine for s in members], failed)
         except Exception as e:      # noqa: BLE001 (the step they share: handed to each member)
             news, failed = {}, {id(s.engine): e for s in members}
         seconds = time.perf_counter() - begin
@@ -239,18 +219,22 @@ class Batch:
               ) -> dict[int, list[int]]:
         """The tokens each member's step commits, by id(engine); a member whose own part
         raises is in `failed` instead and out of the rest of the step."""
-        cost = self._cost(engines)
+        alone = len(engines) == 1       # drafting is its drafter's choice (auto's gate)
+        # the member whose trees may be largest measures what rows add
+        cost = BatchCost(self.model.state.step_costs, len(engines), sum(len(e.tokens) for e in
+                         engines), max(engines, key=lambda e: e.budget.max_nodes))
         started, measured = time.perf_counter(), cost.measuring_s
-        drafting = self.gate.choose()
+        drafting = alone or self.gate.choose()
         sure = not drafting and self.sure.choose()
         drafts = [guarded(failed, e, lambda e=e: e.draft() if drafting or not e.drafter
                            .plain_steps else self._plain_step(e, sure)) for e in engines]
         engines, drafts = alive(failed, engines, drafts)
         left = [e.max_new_tokens - e.stats.new_tokens for e in engines]
-        trees, sizing = self._size(engines, drafts, cost, left, failed)
-        engines, trees, sizing, left = alive(failed, engines, trees, sizing, left)
+        plans, sizing = size_trees(engines, drafts, cost, left, failed, self.closed)
+        engines, plans, sizing, left = alive(failed, engines, plans, sizing, left)
         if not engines:
             return {}
+        trees = [plan.tree for plan in plans]
         begin = time.perf_counter()
         outs = self._forward(engines, trees)
         forward_s = time.perf_counter() - begin
@@ -261,22 +245,28 @@ class Batch:
                                failed)
         cost.observe(rows, time.perf_counter() - begin)
         news = []
-        for e, tree, judged in zip(engines, trees, verdicts):
+        for e, plan, judged in zip(engines, plans, verdicts):
             e.stats.verify_forward_s += forward_s
-            news.append(None if judged is None
-                        else guarded(failed, e, lambda e=e, t=tree, j=judged: e.commit(t, *j)))
+            if judged is not None:
+                judged[0].timing = plan.timing
+                e.stats.timing_steps += plan.timing
+            news.append(None if judged is None else guarded(
+                failed, e, lambda e=e, t=plan.tree, j=judged: e.commit(t, *j)))
         engines, trees, left, news = alive(failed, engines, trees, left, news)
-        measuring = cost.measuring_s - measured      # timing steps: not a step's
-        worth, seconds = self._worth(left, news), time.perf_counter() - started - measuring
-        self.gate.record(drafting, worth, seconds)
-        carried = any(t.n > 1 for e, t in zip(engines, trees) if e.drafter.plain_steps)
-        if not drafting and (carried or not sure):      # sure drafts carried, or none allowed
-            self.sure.record(sure, worth, seconds)
+        if not alone:
+            measuring = cost.measuring_s - measured      # timing steps: not a step's
+            worth, seconds = self._worth(left, news), time.perf_counter() - started - measuring
+            self.gate.record(drafting, worth, seconds)
+            carried = any(t.n > 1 for e, t in zip(engines, trees) if e.drafter.plain_steps)
+            if not drafting and (carried or not sure):  # sure drafts carried, or none allowed
+                self.sure.record(sure, worth, seconds)
         return {id(e): new for e, new in zip(engines, news)}
 
     def _forward(self, engines: list[Engine], trees: list[DraftTree]) -> list:
-        """The target's one forward over every member's tree: at static shapes where the
-        members' steps run so (captured on CUDA), else eagerly."""
+        """The target's one forward over every member's tree: a member alone's own forward;
+        at static shapes where the members' steps run so (captured on CUDA), else eagerly."""
+        if len(engines) == 1:
+            return [engines[0].forward(trees[0], engines[0].drafter.needs_hidden)]
         if self.steps is not None and all(e.steps is not None for e in engines):
             outs = self.steps([e.steps for e in engines], trees,
                               [e.max_new_tokens - e.stats.new_tokens for e in engines])
@@ -291,11 +281,13 @@ class Batch:
                ) -> list[tuple[TargetOutput, Verdict] | None]:
         """Each member's TargetOutput and verdict, as Engine.judge gives them (`seconds`: each
         one's part of the step so far): together where the batch samples together
-        (samples_together) and its members share a sampling setting outside rejection mode,
-        else one member at a time (None for a member whose judging raised: `failed`)."""
+        (samples_together) and its members (two or more) share a sampling setting outside
+        rejection mode, else one member at a time (None for a member whose judging raised:
+        `failed`)."""
         samplers = [e.sampler for e in engines]
         config = samplers[0].config
-        if not self.together or any(s.config != config or s.rejection for s in samplers):
+        if len(engines) == 1 or not self.together or any(s.config != config or s.rejection
+                                                         for s in samplers):
             return [guarded(failed, e, lambda e=e, t=tree, o=out, p=part: e.judge(t, o, p))
                     for e, tree, out, part in zip(engines, trees, outs, seconds)]
         begin = time.perf_counter()
@@ -316,8 +308,7 @@ class Batch:
         times the members, which is what a plain step's tokens are (a member's end at a stop
         rule not counted: its way left stays where it was). There, tokens drafted ahead
         of the others pay only as the step costs that their member's leaving early saves,
-        which the gate's seconds see; a batch of 8 SmolLM2 answers at T=1 verified drafts in
-        63 of its 256 steps and still took 256 steps, as plain batched decoding did."""
+        which the gate's seconds see."""
         if not self.closed:
             return sum(len(new) for new in news)
         end = max(n - len(new) for n, new in zip(left, news))
@@ -333,62 +324,3 @@ class Batch:
             return tree, time.perf_counter() - begin
         e.drafter.plain_step()
         return DraftTree.chain(e.tokens[-1:], e.device), 0.0
-
-    # -- sizing -----------------------------------------------------------------------------------
-
-    def _cost(self, engines: list[Engine]) -> BatchCost:
-        # the member whose trees may be largest measures what rows add
-        return BatchCost(self.model.state.step_costs, len(engines),
-                         sum(len(e.tokens) for e in engines),
-                         max(engines, key=lambda e: e.budget.max_nodes))
-
-    def _size(self, engines: list[Engine], drafts: list[tuple[DraftTree, float]],
-              cost: BatchCost, left: list[int], failed: dict[int, Exception]
-              ) -> tuple[list[DraftTree | None], list[float]]:
-        """Each member's tree cut for the batch, in turn (see the module's docstring), and the
-        seconds each one's sizing took (timing steps for it left out); `left`: the tokens each
-        member has left to generate. None for a member whose sizing raised (`failed`)."""
-        adaptive = any(e.budget.sizing == "adaptive" for e in engines)
-        if adaptive:
-            widest = cost.widest
-            waiting = [e for e in engines if e is not widest]
-            cost.extra.refresh(len(widest.tokens),
-                               lambda rows: self._waited(waiting, widest.measure_step(rows)))
-        drafting = sum(seconds for _, seconds in drafts)
-        worth = self._worths(left, drafts, cost) if adaptive else [1.0] * len(engines)
-        rows = [1] * len(engines)
-        gains = list(worth)         # each member's expected tokens, at its worth
-        trees, seconds = [], []
-        for i, (e, (tree, _)) in enumerate(zip(engines, drafts)):
-            begin, measuring = time.perf_counter(), cost.measuring_s
-            others = (sum(gains) - gains[i], sum(rows) - rows[i])
-            tree = guarded(failed, e, lambda e=e, t=tree, o=others, w=worth[i]:
-                            e.size(t, drafting, cost, o, w).tree)
-            if tree is None:
-                trees.append(None)
-                seconds.append(0.0)
-                continue
-            rows[i] = tree.n
-            if tree.scores is not None:
-                gains[i] = worth[i] * sum(e.sizer.calibration.scores(tree))
-            trees.append(tree)
-            seconds.append(time.perf_counter() - begin - (cost.measuring_s - measuring))
-        return trees, seconds
-
-    def _worths(self, left: list[int], drafts: list[tuple[DraftTree, float]],
-                cost: BatchCost) -> list[float]:
-        """What a token of each member is worth to the batch, given what each has left to
-        generate: 1, except in a closed batch (Batch.closed) for a member ahead of the batch's
-        end, whose tokens save only the step seconds its leaving early does
-        (BatchCost.ahead_worth)."""
-        if not self.closed or all(tree.n == 1 for tree, _ in drafts):
-            return [1.0] * len(left)
-        end, ahead = max(left), cost.ahead_worth()
-        return [1.0 if n == end else ahead for n in left]
-
-    @staticmethod
-    def _waited(engines: list[Engine], seconds: float) -> float:
-        """A timing step's seconds, which these members waited for (their sizing_s)."""
-        for e in engines:
-            e.stats.sizing_s += seconds
-        return seconds

@@ -1,18 +1,21 @@
-"""The decoding loop: prefill, then propose -> verify -> commit until a stop rule fires.
+"""One generation's state and its part of a step: its cache, sampler, drafter and stop rules.
 
-    tree = drafter.propose(tokens, budget)      # a draft tree rooted at the last token
-    tree = sizer.choose(tree, draft_seconds).tree  # the best prefix of a scored tree (sizing.py)
-    verdict = verify(tree, target, sampler)      # one target forward over the tree
-    new = commit(tree, target, verdict)          # the only place that changes state
+A step (batching.py: one function for a generation alone and for many) runs each member's
+parts in turn:
 
-The engine owns the KV cache, the sampling state and the stop rules; it prints nothing. Each
-step makes one host transfer (in `verify`).
+    tree = engine.draft()                       # the drafter's tree, rooted at the last token
+    plan = engine.size(tree, ...)               # its best prefix for the step (sizing.py)
+    out = engine.forward(plan.tree)             # or one forward of every member's tree
+    target, verdict = engine.judge(tree, out)   # the target's choices; the one host transfer
+    new = engine.commit(tree, target, verdict)  # the only place that changes state
+
+The engine owns the KV cache, the sampling state and the stop rules; it prints nothing.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import replace
 
 import torch
@@ -20,10 +23,10 @@ import torch
 from .cache import StaticCache
 from .drafters.base import Budget, Drafter
 from .grammar import graft
-from .memory import PeakMemory, ensure_fits, upload
+from .memory import ensure_fits, upload
 from .models.graphs import StaticSteps, graphs_wanted
 from .models.loader import Model
-from .models.prefill import MAX_CHUNK, drain, prefilling
+from .models.prefill import MAX_CHUNK, prefilling
 from .models.transformer import ForwardOutput, Segment
 from .sampler import Sampler
 from .sampling import token_logprobs
@@ -37,7 +40,7 @@ MEASURE_DEPTH = 8       # depth of the trees step costs are measured on
 
 
 class Engine:
-    """One generation: a prompt in, committed tokens out (as an iterator of chunks)."""
+    """One generation: a prompt in, committed tokens out (a batch steps it: batching.py)."""
 
     def __init__(self, model: Model, drafter: Drafter, sampler: Sampler,
                  budget: Budget, max_new_tokens: int, stop: StopRules, method: str, *,
@@ -87,10 +90,6 @@ class Engine:
         ensure_fits(need, self.device, f"the KV cache for {prompt_len} prompt + "
                     f"{self.max_new_tokens} new tokens",
                     "lower max_new_tokens or the prompt length, or use dtype bfloat16")
-
-    def start(self, prompt_ids: list[int]) -> None:
-        """Allocate the cache and put all prompt tokens but the last (the first root) in it."""
-        drain(self.starting(prompt_ids))
 
     def starting(self, prompt_ids: list[int], max_chunk: int = MAX_CHUNK
                  ) -> Generator[None, None, None]:
@@ -144,15 +143,6 @@ class Engine:
         s = self.segment(tree)
         return self.net(s.tokens, s.positions, s.cache, s.mask, return_hidden=hidden)
 
-    def target(self, tree: DraftTree, sizing_s: float = 0.0) -> tuple[TargetOutput, Verdict]:
-        """One forward of the target over the tree, and its verdict (`sizing_s`: the seconds
-        the tree's sizing took, for TargetOutput.seconds)."""
-        begin = time.perf_counter()
-        out = self.forward(tree, self.drafter.needs_hidden)
-        forward_s = time.perf_counter() - begin
-        self.stats.verify_forward_s += forward_s
-        return self.judge(tree, out, sizing_s + forward_s)
-
     def judge(self, tree: DraftTree, out: ForwardOutput, seconds: float
               ) -> tuple[TargetOutput, Verdict]:
         """The target's choice after every node of the tree, from its forward's output, and
@@ -181,25 +171,6 @@ class Engine:
         self.stats.sizing_s += seconds
         return seconds
 
-    def propose(self) -> tuple[DraftTree, float, bool]:
-        """The drafter's tree, cut to the size that pays most when it is scored, the seconds
-        its sizing took (timing steps for it left out), and whether its size times a step
-        instead: where the choice needs a size not measured at this context, the tree is the
-        draft's best nodes, as many as that size, and its step measures it (sizing.Plan);
-        where the draft has fewer, a timing step over a throwaway tree does."""
-        tree, draft_seconds = self.draft()
-        begin, measured = time.perf_counter(), self.stats.sizing_s
-        if self.budget.sizing == "adaptive" and tree.scores is not None and tree.n > 1:
-            self.sizer.cost.refresh(len(self.tokens), None)
-        plan = self.size(tree, draft_seconds)
-        if plan.unmeasured:
-            self.sizer.cost.refresh(len(self.tokens), self.measure_step)
-            plan = self.size(tree, draft_seconds)
-        if plan.timing and self.steps is not None:
-            self.steps.capture(plan.tree.n)
-        seconds = time.perf_counter() - begin - (self.stats.sizing_s - measured)
-        return plan.tree, seconds, plan.timing
-
     def draft(self) -> tuple[DraftTree, float]:
         """The drafter's tree and the seconds it took; a scored tree (one the sizer cuts) less
         the nodes whose paths the generation's grammar forbids, which no verdict accepts."""
@@ -212,12 +183,11 @@ class Engine:
                 tree = subtree(tree, allowed)
         return tree, time.perf_counter() - begin
 
-    def size(self, tree: DraftTree, draft_seconds: float, cost: StepCost | None = None,
-             others: tuple[float, int] = (0.0, 0), worth: float = 1.0) -> Plan:
-        """The tree cut to the size that pays most (sizing.py), when it is scored: alone, by
-        this generation's step costs; in a batch, by the batch's (`cost`), the others' expected
-        new tokens and rows (`others`) sharing its step, and what its tokens are worth to the
-        batch (`worth`). Then the tokens a grammar forces lead it (with_forced)."""
+    def size(self, tree: DraftTree, draft_seconds: float, cost: StepCost,
+             others: tuple[float, int], worth: float) -> Plan:
+        """The tree cut to the size that pays most (sizing.py), when it is scored, by the step's
+        costs, the other members' expected new tokens and rows (`others`), and what its tokens
+        are worth to the batch (`worth`); then the tokens a grammar forces lead it."""
         plan = Plan(tree)
         if tree.scores is not None and tree.n > 1:
             plan = self.sizer.choose(tree, draft_seconds, self.budget.max_nodes,
@@ -238,16 +208,6 @@ class Engine:
             return tree
         self.forced = min(len(forced), self.budget.max_nodes - 1)
         return graft(tree, forced, self.budget.max_nodes)
-
-    def step(self) -> list[int]:
-        """One step alone: propose, verify, commit; the tokens it commits."""
-        tree, sizing_s, timing = self.propose()
-        begin = time.perf_counter()
-        target, verdict = self.target(tree, sizing_s)
-        self.sizer.cost.observe(tree.n, time.perf_counter() - begin)
-        target.timing = timing
-        self.stats.timing_steps += timing
-        return self.commit(tree, target, verdict)
 
     def segment(self, tree: DraftTree) -> Segment:
         """The tree as its part of a forward of several generations (batching.py)."""
@@ -285,32 +245,6 @@ class Engine:
         self.forced = 0
         s.new_tokens += len(new)
         return new
-
-    # -- the loop ---------------------------------------------------------------------------------
-
-    def run(self, prompt_ids: list[int]) -> Iterator[list[int]]:
-        """Yield new tokens in the chunks each step commits."""
-        memory = PeakMemory(self.device)
-        try:
-            with memory:
-                self.start(prompt_ids)
-                # decode_s counts the loop's own time: not the caller's with a chunk (writing
-                # it out, detokenizing), so a streamed run is timed as a collected one is
-                begin: float | None = time.perf_counter()
-                try:
-                    while not self.done:
-                        new = self.step()
-                        self.stats.decode_s += time.perf_counter() - begin
-                        begin = None
-                        yield new
-                        begin = time.perf_counter()
-                finally:
-                    self._sync()
-                    if begin is not None:
-                        self.stats.decode_s += time.perf_counter() - begin
-                    self.finish()
-        finally:
-            self.stats.peak_memory_bytes = memory.peak
 
     def finish(self) -> None:
         """The generation ended (or stopped): what its drafters and its sizer learned goes

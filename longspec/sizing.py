@@ -1,4 +1,5 @@
-"""Draft size from measured costs, not constants.
+"""Draft size from measured costs, not constants (the evidence behind each rule: docs/design.md,
+"Sizing").
 
 A scored draft tree says, per node, how likely its path is to be accepted. Verifying the n best
 nodes (a prefix of the score order, which keeps parents before children) costs one target
@@ -7,31 +8,16 @@ The sizer picks the n that maximises expected tokens per second, counting the dr
 n = 1 is a plain decoding step.
 
 - `StepCost`: seconds of a target step over n nodes at the current context, measured at a few
-  sizes and interpolated; measured again as the context grows. A size is measured only when
-  a choice needs it: a step over 48 nodes costs ~8 plain steps on a CPU, and trees that
-  large rarely pay, so measuring every size up front cost a fifth of a 512-token generation.
-  A generation alone measures a size by a real step: its draft's best nodes, as many as the
-  size (`Plan.timing`; a timing step over a throwaway tree only where the draft has fewer),
-  whose tokens count, where timing steps cost a module returned with an edit 8.6% of its
-  decoding under AVX2 (three rounds of sizes 1 to 32 or 48: ~2 s of 23). Each size is timed
-  once; the real steps of a measured size then lower its time to the fastest seen (a timing
-  taken while the machine was busy is corrected for free, where timing each size twice cost
-  ~5% of a 512-token generation).
-- `Calibration`: what each source's estimates are worth, learned online: per source and bin
-  of the estimated chance that a node follows its parent, how often such a node was accepted
-  when its parent was. Only verified nodes teach it, so a bin whose first few nodes failed
-  would be cut from every later tree and never tested again (suffix drafts seen once, chance
-  0.84, stuck at 0.18 in 2 of 12 runs on a chat prompt, 1.6x slower); each bin is read
-  optimistically, one standard error above its mean, so it is tested until its evidence says
-  otherwise. A bin starts from PRIOR_WEIGHT pseudo-observations at its estimate times what
-  the source's nodes have shown over all bins (accepted over estimated), so a source whose
-  guesses keep failing is doubted in the bins it has not tried yet too (Token Recycling's
-  nodes inside `auto` had each bin disproved on its own: 32-442 verified per 512-token chat
-  answer, almost none accepted). That ratio starts from RATIO_WEIGHT pseudo-observations:
-  with 2, a suffix source whose first ten drafts copied the prompt and failed was written off
-  for the whole 1,024-token answer in 9 of 14 runs (no draft verified after them, 0.9x plain
-  decoding on the AVX2 profile); with 4, in none of 6, while `auto` over four chat answers
-  moved within the runs' noise on the AVX-512 profile (docs/benchmarks/speculation.md).
+  sizes, only when a choice needs one, and interpolated; measured again as the context grows.
+  A generation alone measures a size by a real step over its draft's best nodes, as many
+  (`Plan.timing`; a timing step over a throwaway tree only where the draft has fewer); each
+  size is timed once, and real steps then lower it to the fastest seen.
+- `Calibration`: what each source's estimates are worth, learned online per source and bin of
+  the estimated chance that a node follows its parent (how often such a node was accepted when
+  its parent was). Each bin is read optimistically, one standard error above its mean, so a bin
+  whose first nodes failed is tested again; it starts from PRIOR_WEIGHT pseudo-observations at
+  its estimate times the source's accepted-over-estimated ratio over all bins, which starts
+  from RATIO_WEIGHT pseudo-observations.
 """
 
 from __future__ import annotations
@@ -58,9 +44,8 @@ BIN_ESTIMATE = [2 ** (-(b + 0.5) / 4) for b in range(BINS)]   # the middle of ea
 class Plan:
     """What a step verifies, as the sizer chose it: `tree`; `timing`: its size is one the
     choice needed that is not measured at this context (the draft's best nodes, as many), and
-    its step measures it (StepCost.observe); `unmeasured`: a size the choice needs that the draft
-    is too small to measure (a timing step over a throwaway tree must, then the draft is sized
-    again; `tree` is the draft as it came), 0 when none."""
+    its step measures it; `unmeasured`: a size the choice needs that the draft is too small to
+    measure (a timing step must, then the draft is sized again), 0 when none."""
 
     tree: DraftTree
     timing: bool = False
@@ -245,6 +230,11 @@ def score_order(scores: list[float]) -> list[int]:
     return sorted(range(1, len(scores)), key=lambda i: (-scores[i], i))
 
 
+def prefix(tree: DraftTree, order: list[int], n: int) -> DraftTree:
+    """The tree's root and the first n - 1 nodes of a score order (score_order)."""
+    return subtree(tree, sorted([0, *order[:n - 1]]))
+
+
 def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
     """The tree restricted to the nodes `keep` (increasing, the root first, parents kept)."""
     new = {old: k for k, old in enumerate(keep)}
@@ -282,13 +272,13 @@ class Sizer:
         if not adaptive:
             if tree.n <= max_nodes:
                 return Plan(tree)
-            return Plan(subtree(tree, sorted([0, *score_order(tree.scores)[:max_nodes - 1]])))
+            return Plan(prefix(tree, score_order(tree.scores), max_nodes))
         cost = self.cost if cost is None else cost
         gained, rows = others
         scores = self.calibration.scores(tree)
         order = score_order(scores)[:max_nodes - 1]
         if (size := cost.missing(rows + 1)) is not None:
-            return self._measuring(tree, size)
+            return self._measuring(tree, order, size)
         best, gain = 1, 1.0
         best_rate = (gained + worth * gain) / (draft_seconds + cost(rows + 1))
         rest = sum(scores[node] for node in order)      # the gain of the nodes not yet taken
@@ -300,7 +290,7 @@ class Sizer:
                 if bound <= best_rate:
                     break
             if (size := cost.missing(rows + k)) is not None:
-                return self._measuring(tree, size)
+                return self._measuring(tree, order, size)
             gain += scores[node]
             rest -= scores[node]
             rate = (gained + worth * gain) / (draft_seconds + cost(rows + k))
@@ -308,18 +298,15 @@ class Sizer:
                 best, best_rate = k, rate
         if best == tree.n:
             return Plan(tree)
-        return Plan(subtree(tree, sorted([0, *order[:best - 1]])))
+        return Plan(prefix(tree, order, best))
 
-    def _measuring(self, tree: DraftTree, size: int) -> Plan:
-        """The plan that measures a step over `size` rows: the draft's best nodes, as many,
-        where it has that many."""
+    @staticmethod
+    def _measuring(tree: DraftTree, order: list[int], size: int) -> Plan:
+        """The plan that measures a step over `size` rows: the draft's best nodes (`order`),
+        as many, where it has that many."""
         if size <= tree.n:
-            return Plan(self.best(tree, size), timing=True)
+            return Plan(prefix(tree, order, size), timing=True)
         return Plan(tree, unmeasured=size)
-
-    def best(self, tree: DraftTree, n: int) -> DraftTree:
-        """The scored tree's n best nodes by their calibrated scores, as `choose` takes them."""
-        return subtree(tree, sorted([0, *score_order(self.calibration.scores(tree))[:n - 1]]))
 
     def record(self, tree: DraftTree, accepted: list[int]) -> None:
         if tree.scores is not None:

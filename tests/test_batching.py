@@ -16,6 +16,7 @@ from test_sizing import chain
 
 import longspec
 from longspec import batching
+from longspec.batch_cost import worths
 from longspec.cache import StaticCache
 from longspec.many import run_batch
 from longspec.models.prefill import prefill
@@ -248,13 +249,11 @@ def test_a_closed_batchs_step_is_worth_how_far_it_moved_the_batchs_end():
 
 
 def test_in_a_closed_batch_a_member_ahead_of_its_end_counts_its_tokens_at_their_worth():
-    batch = batching.Batch(models("float32")[0])
     left = [13, 11, 13]
     drafts = [(DraftTree.chain([1, 2], torch.device(DEVICE)), 0.0)] * 3
     cost = SimpleNamespace(ahead_worth=lambda: 0.6)
-    assert batch._worths(left, drafts, cost) == [1.0, 1.0, 1.0]
-    batch.closed = True
-    assert batch._worths(left, drafts, cost) == [1.0, 0.6, 1.0]
+    assert worths(left, drafts, cost, False) == [1.0, 1.0, 1.0]
+    assert worths(left, drafts, cost, True) == [1.0, 0.6, 1.0]
 
 
 def test_generate_many_keeps_the_prompts_order_and_stream_many_names_each_chunk():

@@ -6,6 +6,7 @@ from helpers import make_checkpoint
 
 import longspec
 from longspec.api import Request, prepare
+from longspec.models.prefill import drain
 from longspec.tree import DraftTree, TreeShape
 from longspec.verify import speculative_sample, verify_tree
 
@@ -65,9 +66,9 @@ def test_stop_token_inside_an_accepted_path_cuts_the_commit(tmp_path):
     first = ref.token_ids.index(stop)
     engine, ids = prepare(model, Request(prompt, max_new_tokens=6, method="pld", sampling=greedy,
                                          stop=[stop], ignore_eos=True))
-    engine.start(ids)
+    drain(engine.starting(ids))
     draft = DraftTree.chain([ids[-1], *ref.token_ids[:4]], CPU)   # all four drafts are right
-    target, _ = engine.target(draft)
+    target, _ = engine.judge(draft, engine.forward(draft), 0.0)
     verdict = verify_tree(draft, target.target_tokens)
     assert verdict.accept_length == 4
     new = engine.commit(draft, target, verdict)
