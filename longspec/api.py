@@ -6,34 +6,19 @@ Every argument is checked before any work, and a bad one raises ValueError namin
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .batching import Batch
-from .drafters import DraftSetup, check_arguments, get_method
-from .drafters.base import Budget
-from .drafters.registry import MethodSpec
+from .drafters import DraftSetup
 from .engine import Engine
-from .grammar import GrammarState
 from .models.loader import Model
 from .progress import ProgressBar
-from .request import (
-    Request,
-    as_int,
-    check_length,
-    checked_grammar,
-    checked_settings,
-    encode_prediction,
-    encode_request,
-    logit_bias,
-    resumed_ids,
-)
+from .request import Prepared, Request, prepare_request
 from .sampler import Sampler
-from .sampling import SamplingConfig
 from .sizing import generation_sizer
-from .stopping import StopRules
 from .text import TextStream, cut_at_stop, decode
-from .tools import checked_tools, parse_tool_calls
+from .tools import parse_tool_calls
 
 
 @dataclass
@@ -44,8 +29,8 @@ class GenerationResult:
     finish_reason: str     # "eos", "stop", "length" or "interrupted"
     prompt_tokens: int
     logprobs: list[dict] | None = None   # per new token, when asked for (token_logprobs)
-    # the calls in the text, with tools (tools.parse_tool_calls: OpenAI's form); finish_reason
-    # is then "tool_calls"
+    # the calls in the text (tools.parse_tool_calls: OpenAI's form; finish_reason "tool_calls"
+    # where there are some), for a request whose template rendered tools ([]: none made)
     tool_calls: list[dict] | None = None
 
 
@@ -64,78 +49,11 @@ def prediction_usage(prediction: list[int], output: list[int]) -> dict:
     return {"accepted_tokens": accepted, "rejected_tokens": len(prediction) - accepted}
 
 
-def _stop_rules(model: Model, stop, ignore_eos: bool, least: int = 0) -> StopRules:
-    if stop is None:
-        stop = []
-    stop = [stop] if isinstance(stop, str) or not isinstance(stop, Iterable) else list(stop)
-    ids, strings = set(), []
-    for s in stop:
-        if isinstance(s, str) and s:
-            strings.append(s)
-            continue
-        try:
-            token = as_int(s, "a stop token id")
-        except TypeError:
-            token = -1
-        if not 0 <= token < model.config.vocab_size:
-            raise ValueError("stop entries must be non-empty strings or token ids in the "
-                             f"vocabulary, got {s!r}")
-        ids.add(token)
-    eos = set() if ignore_eos else set(model.eos_token_ids)
-    return StopRules(eos, ids, strings, model.tokenizer, least)
-
-
 def prepare(model: Model, request: Request) -> tuple[Engine, list[int]]:
     """Check every argument, then build the engine; nothing runs yet. Returns the engine and
     the token ids to start it with (the prompt, then the tokens of `resume_from`)."""
     ready = prepare_request(model, request)
     return build_engine(model, ready), ready.prompt_ids + ready.resumed
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A request checked and made ready without running the model or allocating for it (the
-    tokenizer, the chat template, the grammar's compilation: work that may run on any thread,
-    beside a thread that decodes): what `build_engine` and `open_prepared` build one
-    generation from. Its grammar state is the generation's own: one Prepared, one generation."""
-
-    request: Request
-    spec: MethodSpec                  # the method that runs (`ar` where speculation is off)
-    budget: Budget
-    options: dict
-    max_new_tokens: int
-    seed: int
-    sampling: SamplingConfig
-    prompt_ids: list[int]
-    resumed: list[int]
-    prediction: list[int]
-    grammar: GrammarState | None
-
-
-def prepare_request(model: Model, request: Request, prompt_ids: list[int] | None = None
-                    ) -> Prepared:
-    """Check every argument and make the request ready (Prepared); `prompt_ids`: the prompt
-    as `encode_request` gave it already (it is not encoded again)."""
-    r = request
-    if not isinstance(model, Model):
-        raise TypeError("model must come from longspec.load_model")
-    spec = get_method(r.method)
-    check_arguments(spec, draft_model=r.draft_model is not None, heads=r.heads is not None,
-                    verify=r.verify, prediction=bool(r.prediction))
-    n, seed, sampling = checked_settings(r)
-    prompt_ids = encode_request(model, r) if prompt_ids is None else list(prompt_ids)
-    prediction = encode_prediction(model, r.prediction)
-    check_length(model, len(prompt_ids), n)
-    resumed = resumed_ids(model, r, n)
-    grammar = checked_grammar(model, r, resumed)
-    budget, options = spec.resolve(r.options)
-    if model.profile is not None and model.profile.speculation != "on":
-        # no kernel path keeps a tree's rows bitwise its tokens' alone here (selfcheck.py):
-        # the method's settings are checked, then every step is plain decoding
-        spec = get_method("ar")
-        budget, options = spec.resolve(None)
-    return Prepared(r, spec, budget, options, n, seed, sampling, prompt_ids, resumed,
-                    prediction, grammar)
 
 
 def build_engine(model: Model, ready: Prepared) -> Engine:
@@ -147,14 +65,10 @@ def build_engine(model: Model, ready: Prepared) -> Engine:
     the stop rules have seen the resumed tokens (a stop string may straddle the seam)."""
     r, n, resumed, prompt_ids = ready.request, ready.max_new_tokens, ready.resumed, \
         ready.prompt_ids
-    rules = _stop_rules(model, r.stop, r.ignore_eos, r.min_new_tokens)
-    stop_at = rules.cut(resumed)
-    if stop_at is not None and stop_at < len(resumed):
-        raise ValueError(f"resume_from ends the generation at its token {stop_at - 1} (a stop "
-                         "rule fires there), yet goes on: it was not made with these settings")
+    rules = ready.stop
     sampler = Sampler(ready.sampling, ready.seed, prompt_ids, model.config.vocab_size,
                       model.device, rejection=r.verify == "rejection", grammar=ready.grammar,
-                      bias=logit_bias(model, r),
+                      bias=ready.bias,
                       least=(r.min_new_tokens, sorted(rules.eos_ids | rules.stop_ids)))
     context = len(prompt_ids) + n
     budget = ready.budget
@@ -165,7 +79,7 @@ def build_engine(model: Model, ready: Prepared) -> Engine:
                                           context=context, prediction=tuple(ready.prediction)))
     engine = Engine(model, drafter, sampler, budget, n - len(resumed), rules, r.method,
                     sizer=sizer)
-    engine.done = stop_at is not None or len(resumed) == n    # nothing left to generate
+    engine.done = ready.done
     engine.logprobs_top = r.logprobs
     engine.check_memory(len(prompt_ids) + len(resumed))
     return engine
@@ -177,18 +91,17 @@ class Stream:
     `resumed_text` is the text of the resumed tokens, so that resumed_text + the chunks' text
     is the text of the whole generation."""
 
-    def __init__(self, model: Model, engine: Engine, request: Request, prompt_ids: list[int],
-                 progress: bool, resumed: Sequence[int] = (), prediction: Sequence[int] = ()):
+    def __init__(self, model: Model, engine: Engine, ready: Prepared, progress: bool):
         self.model = model
         self.engine = engine
-        self.request = request
-        self.prompt_ids = prompt_ids
-        self.resumed = list(resumed)
+        self.request = ready.request
+        self.prompt_ids = ready.prompt_ids
+        self.resumed = ready.resumed
         self.progress = progress
         self.result: GenerationResult | None = None
-        self.prediction = list(prediction)
-        self.tools = checked_tools(model, request.tools, request.tool_choice)[0] is not None
-        tok, r, stop = model.tokenizer, request, engine.stop
+        self.prediction = ready.prediction
+        self.tools = ready.tools
+        tok, r, stop, prompt_ids = model.tokenizer, ready.request, engine.stop, ready.prompt_ids
         self._text = (TextStream(tok, prompt_ids[-4:], stop.stop_strings, r.keep_special,
                                  r.include_stop) if tok is not None else None)
         self.resumed_text = ""
@@ -266,8 +179,8 @@ class Stream:
             stats["prediction"] = prediction_usage(self.prediction, token_ids)
         logprobs = None if self.engine.logprobs_top is None else list(self.engine.logprobs)
         calls = None
-        if self.tools and finished:
-            calls = parse_tool_calls(text)[1] or None
+        if self.tools:
+            calls = parse_tool_calls(text)[1] if finished else []
             reason = "tool_calls" if calls else reason
         return GenerationResult(token_ids, text, stats, reason, len(self.prompt_ids), logprobs,
                                 calls)
@@ -286,8 +199,7 @@ def stream_request(model: Model, request: Request, progress: bool = False) -> St
 def open_prepared(model: Model, ready: Prepared, progress: bool = False) -> Stream:
     """`stream` of a request already prepared (prepare_request: the server prepares requests
     off the thread that decodes, then opens them on it)."""
-    return Stream(model, build_engine(model, ready), ready.request, ready.prompt_ids, progress,
-                  ready.resumed, ready.prediction)
+    return Stream(model, build_engine(model, ready), ready, progress)
 
 
 def generate(model: Model, prompt, *, progress: bool = False, **settings) -> GenerationResult:

@@ -32,12 +32,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .api import GenerationResult, Stream, stream_request
+from .api import GenerationResult, Stream, open_prepared
 from .batching import DEFAULT_MAX_BATCH
 from .drafters import check_arguments, get_method
 from .many import run_batch as run_batch_streams
 from .models.loader import Model
-from .request import Request, checked_settings, encode_request
+from .request import Request, checked_settings, encode_request, prepare_request
 from .sampling import SamplingConfig
 from .sidecar import (
     Checkpoints,
@@ -268,7 +268,7 @@ def _open_line(model: Model, line: Line, side: Path, every_s: float
                              "over")
         resumed = list(record.token_ids)
     checkpoints = Checkpoints(side, RunRecord(settings, ids, resumed or [], 0), every_s)
-    s = stream_request(model, replace(r, resume_from=resumed))
+    s = open_prepared(model, prepare_request(model, replace(r, resume_from=resumed), ids))
     token_ids = list(resumed or [])
     checkpoints.update(token_ids, force=True)
     return s, checkpoints, token_ids
@@ -289,12 +289,10 @@ def result_line(line: Line, res: GenerationResult, model: Model) -> dict:
 def _openai_result(line: Line, res: GenerationResult, model: Model) -> dict:
     """OpenAI's output line for a Batch API line: the completion as the server writes it."""
     from .serve.responses import Shape
-    from .tools import checked_tools
 
     r, chat = line.request, OPENAI_URLS[line.url]
-    tools = checked_tools(model, r.tools, r.tool_choice)[0] is not None
     shape = Shape(chat, line.model_name, [r.seed], False, model.tokenizer,
-                  r.logprobs is not None, tools)
+                  r.logprobs is not None, res.tool_calls is not None)
     body = {**shape.whole([res]), "id": ("chatcmpl-" if chat else "cmpl-") + line.id,
             "created": 0}
     del body["speculative"]          # the steps a run took depend on its timing (sizing)

@@ -1,4 +1,6 @@
-"""One generation's settings, checked before any work: the record, its checks, the prompt.
+"""One generation's settings, checked before any work: the record (`Request`), its checks, the
+prompt, and the request prepared once (`prepare_request` -> `Prepared`), which everything after
+reads: the Python API, the CLI, batch lines and the server alike.
 
 Every bad argument raises ValueError (a value out of range) or TypeError (a value of the wrong
 kind) naming the fix, before a cache is allocated or a forward runs.
@@ -7,14 +9,25 @@ kind) naming the fix, before a cache is allocated or a forward runs.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
+from .drafters import check_arguments, get_method
+from .drafters.base import Budget
+from .drafters.registry import MethodSpec
 from .grammar import Constraint, GrammarState, constraint_of
 from .models.loader import Model
 from .sampling import SamplingConfig
+from .stopping import StopRules
 from .tools import checked_tools, template_messages
+
+if TYPE_CHECKING:
+    import torch
+
+# text, token ids, or chat messages ({"role": ..., "content": ...})
+Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
 
 MAX_SEED = 2**63 - 1
 MAX_TOP_LOGPROBS = 20      # OpenAI's bound on top_logprobs
@@ -24,43 +37,43 @@ MAX_TOP_LOGPROBS = 20      # OpenAI's bound on top_logprobs
 class Request:
     """What `generate` and `stream` take besides the model."""
 
-    prompt: Any                               # text, token ids, or chat messages
-    max_new_tokens: int = 256
+    prompt: Prompt
+    max_new_tokens: int | None = 256          # None: the rest of the model's context
     min_new_tokens: int = 0                   # new tokens before an end (EOS, a stop token
                                               # or string) may come: vLLM's min_tokens
     method: str = "auto"
     sampling: SamplingConfig | None = None    # None: SamplingConfig() (temperature 1)
     seed: int = 0                             # 0 .. 2^63 - 1
     draft_model: Model | None = None
-    heads: Any = None                         # a trained drafter's directory, a loaded one,
-                                              # or None (the bundled one)
-    stop: Any = None                          # stop strings and token ids
+    # a trained drafter's directory, a loaded one, or None (the bundled one)
+    heads: str | os.PathLike | torch.nn.Module | None = None
+    stop: str | int | Sequence[str | int] | None = None     # stop strings and token ids
     ignore_eos: bool = False
     verify: str = "match"
     options: Mapping | None = None            # method tuning (max_nodes, max_depth, ...)
     keep_special: bool = False                # keep special tokens in the text
     include_stop: bool = False                # keep the stop string that ended the run
-    resume_from: Any = None                   # token ids an earlier run with these settings
-                                              # committed: continue after them
-    prediction: Any = None                    # the output expected (text or token ids), a
-                                              # draft source of the methods that copy text
+    # token ids an earlier run with these settings committed: continue after them
+    resume_from: Sequence[int] | None = None
+    # the output expected (text or token ids), a draft source of the methods that copy text
+    prediction: str | Sequence[int] | None = None
     # the output held to one of these (grammar.py): a JSON schema (a mapping or its text), a
     # regex, a Lark grammar, a list of choices, or OpenAI's response_format (or a pydantic
     # model class)
-    json_schema: Any = None
+    json_schema: Mapping[str, Any] | str | None = None
     regex: str | None = None
     grammar: str | None = None
-    choice: Any = None
-    response_format: Any = None
+    choice: Sequence[str] | None = None
+    response_format: Mapping[str, Any] | type | None = None
     # each new token's log probability and the `logprobs` likeliest alternatives' (0 .. 20;
     # None: off): the distribution it was chosen from, the same numbers for every method
     logprobs: int | None = None
     # token id -> a number in [-100, 100] added to its logit (OpenAI's logit_bias)
-    logit_bias: Any = None
+    logit_bias: Mapping[int | str, float] | None = None
     # OpenAI's tools (function definitions, for a chat whose template takes them) and
     # tool_choice ("none", "auto", "required" or a named function): tools.py
-    tools: Any = None
-    tool_choice: Any = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+    tool_choice: str | Mapping[str, Any] | None = None
     parallel_tool_calls: bool = True          # False: one call at most (OpenAI's)
 
     @classmethod
@@ -134,16 +147,16 @@ def _chat_ids(model: Model, messages: list, tools: list | None = None) -> list[i
 
 def encode_request(model: Model, r: Request) -> list[int]:
     """The request's prompt as token ids, its tools rendered by the chat template."""
-    tools, _ = checked_tools(model, r.tools, r.tool_choice)
-    if tools is not None and not (isinstance(r.prompt, (list, tuple)) and r.prompt
-                                  and isinstance(r.prompt[0], Mapping)):
-        raise ValueError("tools go with a chat: pass the prompt as chat messages")
-    return encode_prompt(model, r.prompt, tools)
+    return encode_prompt(model, r.prompt, checked_tools(model, r.tools, r.tool_choice)[0])
 
 
 def encode_prompt(model: Model, prompt, tools: list | None = None) -> list[int]:
     """Token ids of a prompt: text (through the tokenizer), chat messages (through its chat
-    template, with the assistant's turn opened, and `tools` when given), or token ids."""
+    template, with the assistant's turn opened, and `tools` when given: checked_tools), or
+    token ids."""
+    chat = isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], Mapping)
+    if tools is not None and not chat:
+        raise ValueError("tools go with a chat: pass the prompt as chat messages")
     if isinstance(prompt, (bytes, bytearray)):
         raise TypeError("the prompt is bytes: decode it to text, or pass token ids as a list")
     if isinstance(prompt, str):
@@ -152,7 +165,7 @@ def encode_prompt(model: Model, prompt, tools: list | None = None) -> list[int]:
         if not prompt:
             raise ValueError("the prompt is empty")
         ids = list(model.tokenizer(prompt)["input_ids"])
-    elif isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], Mapping):
+    elif chat:
         ids = _chat_ids(model, list(prompt), tools)
     else:
         try:
@@ -248,11 +261,12 @@ def logit_bias(model: Model, r: Request):
     return bias.to(model.device)
 
 
-def checked_grammar(model: Model, r: Request, resumed: list[int]) -> GrammarState | None:
+def checked_grammar(model: Model, r: Request, resumed: list[int], calls: Constraint | None
+                    ) -> GrammarState | None:
     """The grammar state of a constrained request (None for free text): its constraint, or its
-    tool_choice's (tools.py), compiled for the model; a ValueError naming what cannot be."""
+    tool_choice's (`calls`: checked_tools), compiled for the model; a ValueError naming what
+    cannot be."""
     constraint = r.constraint()
-    _, calls = checked_tools(model, r.tools, r.tool_choice, r.parallel_tool_calls)
     if constraint is not None and calls is not None:
         raise ValueError("tool_choice holds the output to tool calls: it does not combine with "
                          "another constraint")
@@ -270,3 +284,91 @@ def checked_grammar(model: Model, r: Request, resumed: list[int]) -> GrammarStat
         raise ValueError("resume_from's tokens do not follow the grammar: they were not made "
                          "with these settings")
     return state
+
+
+def stop_rules(model: Model, r: Request) -> StopRules:
+    """The request's stop rules (its stop strings and ids, end-of-sequence unless ignored)."""
+    stop = r.stop
+    if stop is None:
+        stop = []
+    stop = [stop] if isinstance(stop, str) or not isinstance(stop, Iterable) else list(stop)
+    ids, strings = set(), []
+    for s in stop:
+        if isinstance(s, str) and s:
+            strings.append(s)
+            continue
+        try:
+            token = as_int(s, "a stop token id")
+        except TypeError:
+            token = -1
+        if not 0 <= token < model.config.vocab_size:
+            raise ValueError("stop entries must be non-empty strings or token ids in the "
+                             f"vocabulary, got {s!r}")
+        ids.add(token)
+    eos = set() if r.ignore_eos else set(model.eos_token_ids)
+    return StopRules(eos, ids, strings, model.tokenizer, r.min_new_tokens)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request checked and made ready without running the model or allocating for it (the
+    tokenizer, the chat template, the grammar's compilation: work that may run on any thread,
+    beside a thread that decodes): what `api.build_engine` and `api.open_prepared` build
+    one generation from. Its grammar state and stop rules are the generation's own: one
+    Prepared, one generation."""
+
+    request: Request
+    spec: MethodSpec                  # the method that runs (`ar` where speculation is off)
+    budget: Budget
+    options: dict
+    max_new_tokens: int
+    seed: int
+    sampling: SamplingConfig
+    prompt_ids: list[int]
+    resumed: list[int]
+    prediction: list[int]
+    grammar: GrammarState | None
+    tools: bool                       # the template rendered tools: the result has tool_calls
+    stop: StopRules                   # having seen the resumed tokens
+    bias: torch.Tensor | None         # logit_bias, dense
+    done: bool                        # nothing is left to generate (a resumed run that ended)
+
+
+def prepare_request(model: Model, request: Request, prompt_ids: list[int] | None = None,
+                    most_new_tokens: int | None = None) -> Prepared:
+    """Check every argument and make the request ready (Prepared); `prompt_ids`: the prompt
+    as `encode_request` gives it, where it was encoded already (it is not encoded again);
+    `most_new_tokens`: the most new tokens of a request whose max_new_tokens is None (the
+    rest of the model's context)."""
+    r = request
+    if not isinstance(model, Model):
+        raise TypeError("model must come from longspec.load_model")
+    spec = get_method(r.method)
+    check_arguments(spec, draft_model=r.draft_model is not None, heads=r.heads is not None,
+                    verify=r.verify, prediction=bool(r.prediction))
+    tools, calls = checked_tools(model, r.tools, r.tool_choice, r.parallel_tool_calls)
+    if r.max_new_tokens is None:        # known once the prompt is; else checked before it
+        if prompt_ids is None:
+            prompt_ids = encode_prompt(model, r.prompt, tools)
+        room = model.config.context_limit - len(prompt_ids)
+        r = replace(r, max_new_tokens=max(1, min(room, most_new_tokens or room)))
+    n, seed, sampling = checked_settings(r)
+    prompt_ids = encode_prompt(model, r.prompt, tools) if prompt_ids is None else list(prompt_ids)
+    prediction = encode_prediction(model, r.prediction)
+    check_length(model, len(prompt_ids), n)
+    resumed = resumed_ids(model, r, n)
+    grammar = checked_grammar(model, r, resumed, calls)
+    budget, options = spec.resolve(r.options)
+    if model.profile is not None and model.profile.speculation != "on":
+        # no kernel path keeps a tree's rows bitwise its tokens' alone here (selfcheck.py):
+        # the method's settings are checked, then every step is plain decoding
+        spec = get_method("ar")
+        budget, options = spec.resolve(None)
+    rules = stop_rules(model, r)
+    stop_at = rules.cut(resumed)
+    if stop_at is not None and stop_at < len(resumed):
+        raise ValueError(f"resume_from ends the generation at its token {stop_at - 1} (a stop "
+                         "rule fires there), yet goes on: it was not made with these settings")
+    return Prepared(r, spec, budget, options, n, seed, sampling, prompt_ids, resumed,
+                    prediction, grammar, tools is not None, rules, logit_bias(model, r),
+                    stop_at is not None or len(resumed) == n)

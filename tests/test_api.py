@@ -48,6 +48,13 @@ def test_decode_time_leaves_out_the_callers_time_with_each_chunk(model):
         assert s.result.stats["decode_s"] <= time.perf_counter() - begin - 0.05 * held
 
 
+def test_max_new_tokens_none_is_the_rest_of_the_context(tmp_path):
+    make_checkpoint(tmp_path, "qwen2", max_positions=40)
+    short = longspec.load_model(tmp_path, dtype="float32", device="cpu")
+    res = longspec.generate(short, [1, 2, 3, 4], max_new_tokens=None, ignore_eos=True)
+    assert len(res.token_ids) == 36 and res.finish_reason == "length"
+
+
 def test_eos_ends_generation_and_is_kept(model):
     ref = longspec.generate(model, [1, 2, 3], max_new_tokens=30, ignore_eos=True,
                             sampling=longspec.SamplingConfig(temperature=0))

@@ -616,11 +616,11 @@ def test_parallel_tool_calls_false_allows_one_call(model):
 
 def test_a_request_is_prepared_beside_the_worker_and_its_prompt_tokenized_once(
         server, client, monkeypatch):
-    from longspec import api
+    from longspec import request
     from longspec.serve import app
 
     threads, encoded = [], []
-    prepare, encode = api.prepare_request, app.encode_request
+    prepare, encode = request.prepare_request, request.encode_prompt
 
     def recorded_prepare(*args, **kwargs):
         threads.append(threading.current_thread().name)
@@ -631,7 +631,7 @@ def test_a_request_is_prepared_beside_the_worker_and_its_prompt_tokenized_once(
         return encode(*args, **kwargs)
 
     monkeypatch.setattr(app, "prepare_request", recorded_prepare)
-    monkeypatch.setattr(app, "encode_request", recorded_encode)
+    monkeypatch.setattr(request, "encode_prompt", recorded_encode)
     tiny = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
             "additionalProperties": False}
     res = client.chat.completions.create(          # no max_tokens: the rest of the context

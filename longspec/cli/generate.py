@@ -61,8 +61,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..api import stream
-    from ..request import Request
+    from ..api import open_prepared
+    from ..request import Request, prepare_request
     from ..text import read_text_file
     from .output import RunOutput
 
@@ -89,8 +89,11 @@ def run(args) -> int:
     if args.output:
         out = RunOutput.open(args.output, model, Request(prompt, **settings), args.resume,
                              args.checkpoint_every, args.allow_profile_change)
-    s = stream(model, prompt, progress=not args.no_progress,
-               resume_from=out.resume_from if out else None, **settings)
+    # the prompt as the sidecar's check tokenized it, not tokenized again
+    ready = prepare_request(model, Request(prompt, **settings,
+                                           resume_from=out.resume_from if out else None),
+                            out.checkpoints.record.prompt_ids if out else None)
+    s = open_prepared(model, ready, progress=not args.no_progress)
     interrupted = False
     if not args.json:
         sys.stdout.write(s.resumed_text)

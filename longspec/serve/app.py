@@ -22,9 +22,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..api import Prepared, make_request, open_prepared, prepare_request
+from ..api import make_request, open_prepared
 from ..models.loader import Model
-from ..request import MAX_SEED, encode_request
+from ..request import MAX_SEED, Prepared, prepare_request
 from .config import ServeConfig
 from .metrics import PROMETHEUS_TYPE, ApiKeyMiddleware, Metrics, MetricsMiddleware
 from .responses import APIError, Shape, error_body, failure_body, sse, timeout_body
@@ -59,15 +59,11 @@ class Server:
         """longspec's checks, the prompt tokenized (once), its grammar compiled: each choice's
         request made ready (prepare_request), off the worker's thread, which only builds the
         engines from them (open_prepared)."""
-        given = settings["max_new_tokens"]     # None: the rest of the context, decided below
-        request = make_request(prompt, {**settings, "max_new_tokens": given or 1})
-        ids = encode_request(self.model, request)
-        if given is None:
-            room = self.model.config.context_limit - len(ids)
-            request = replace(request, max_new_tokens=max(1, min(
-                room, self.config.default_max_tokens)))
-        return [prepare_request(self.model, replace(request, seed=seed), ids)
-                for seed in seeds]
+        # max_new_tokens None: the rest of the context, at most default_max_tokens
+        request = make_request(prompt, {**settings, "seed": seeds[0]})
+        first = prepare_request(self.model, request, None, self.config.default_max_tokens)
+        return [first, *(prepare_request(self.model, replace(first.request, seed=seed),
+                                         first.prompt_ids) for seed in seeds[1:])]
 
     # -- one request ----------------------------------------------------------------------------
 
