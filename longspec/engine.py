@@ -93,7 +93,7 @@ class Engine:
 
     def starting(self, prompt_ids: list[int], max_chunk: int = MAX_CHUNK
                  ) -> Generator[None, None, None]:
-        """`start` a prefill chunk (at most `max_chunk` tokens) at a time: it yields between
+        """Prefill the prompt a chunk (at most `max_chunk` tokens) at a time, yielding between
         chunks (a batch steps its running generations there, batching.py). stats.prefill_s
         counts its own time only."""
         begin = time.perf_counter()

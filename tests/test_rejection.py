@@ -15,6 +15,7 @@ from helpers import make_checkpoint
 import longspec
 from longspec.api import Request, prepare
 from longspec.cache import StaticCache, causal_mask
+from longspec.models.prefill import drain
 from longspec.sampling import process_logits
 
 V = 8
@@ -106,7 +107,7 @@ def test_triforce_middle_level_samples_the_retrieval_targets_distribution(models
     engine, prompt = prepare(target, Request(PROMPT, max_new_tokens=2, method="triforce",
                                              sampling=SAMPLING, draft_model=draft, ignore_eos=True,
                                              verify="rejection", options=TRIFORCE))
-    engine.start(prompt)
+    drain(engine.starting(prompt))
     tf = engine.drafter
     tf.level.sync(prompt)
     mid = tf.level.chain
