@@ -16,8 +16,8 @@ import torch
 
 from longspec.bench.metrics import measure_bandwidth
 from longspec.cache import StaticCache
+from longspec.captures import Captures
 from longspec.models.build import build_transformer
-from longspec.models.captures import Captures
 from longspec.models.config import config_from_hf
 from longspec.models.graphs import StaticSteps
 from longspec.tree import DraftTree, TreeTemplate

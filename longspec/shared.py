@@ -19,7 +19,7 @@ use it at once:
   generation copies instead of computing its prompt's (prompt_cache.py; load_model bounds it);
 - `captures`: what capturing a static step costs on this model, in eager runs of it, and
   `kept_steps`: finished generations' caches with their captured steps, for the generations
-  after them (models/captures.py).
+  after them (captures.py).
 
 None of it decides a token: the suffix index, the step costs and the hot starts only change
 which drafts are verified, and the prompt cache holds the bits a prefill would write.
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .models.captures import Captures, KeptSteps
+from .captures import Captures, KeptSteps
 from .prompt_cache import PromptCache
 from .suffix_index import SuffixIndex, remember_output
 

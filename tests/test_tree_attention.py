@@ -18,8 +18,8 @@ from helpers import DEVICE, make_checkpoint
 import longspec
 from longspec.cache import StaticCache
 from longspec.cache.base import CHUNK
+from longspec.captures import KEPT, Captures, EagerRuns, KeptSteps
 from longspec.models.attention import block_layout, block_order, grouped_attention
-from longspec.models.captures import KEPT, Captures, EagerRuns, KeptSteps
 from longspec.models.graphs import BATCH_GRAPHS, BatchSteps, StaticSteps
 from longspec.models.prefill import prefill
 from longspec.models.tree_attention import SPLIT, tree_attention

@@ -38,8 +38,8 @@ import torch
 
 from ..cache.base import AttentionPlan
 from ..cache.full import StaticCache
+from ..captures import Captures, EagerRuns
 from ..memory import upload
-from .captures import Captures, EagerRuns
 from .transformer import ForwardOutput, Segment, TopTokens
 
 BUCKETS = (1, 16, 64)

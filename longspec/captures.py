@@ -1,5 +1,6 @@
-"""When the target's static steps are captured as CUDA graphs (graphs.py), and the captured
-steps kept for the generations that follow.
+"""When the target's static steps are captured as CUDA graphs (models/graphs.py), and the
+captured steps kept for the generations that follow: state the generations on a model share
+(shared.py), so it sits beside it, below the models that read it.
 
 A capture costs the seconds of several eager runs of the step (two warm-up forwards, the
 capture, the graph's instantiation), which only its replays pay back: Captures decides, from
