@@ -83,7 +83,7 @@ def compare(model, prompts: list, settings: dict, methods: list[str], batches: l
     # seconds apart (the machine's speed drifts by up to 25% over minutes)
     keys = [(method, b) for b in batches for method in methods]
     runs: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
-    # the CUDA graphs each run captured, and their seconds (captures.py)
+    # the CUDA graphs each run captured, and their seconds (state/captures.py)
     captured: dict[tuple[str, int], list[tuple[int, float]]] = {key: [] for key in keys}
     ids: dict[tuple[str, int], list[list[int]]] = {}
     same = dict.fromkeys(keys, True)        # every run of the row gave the same tokens

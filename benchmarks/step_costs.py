@@ -16,11 +16,11 @@ import torch
 
 from longspec.bench.metrics import measure_bandwidth
 from longspec.cache import StaticCache
-from longspec.captures import Captures
 from longspec.models.build import build_transformer
 from longspec.models.config import config_from_hf
 from longspec.models.graphs import StaticSteps
-from longspec.tree import DraftTree, TreeTemplate
+from longspec.state.captures import Captures
+from longspec.step.tree import DraftTree, TreeTemplate
 
 # the shapes of (c): Hugging Face config fields (default rotary embedding: costs only)
 SHAPES = {

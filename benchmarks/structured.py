@@ -146,7 +146,7 @@ def llama_cpp_side(model, args) -> dict:
 def grammar_cost(model, args) -> dict:
     """Seconds of the grammar's work a committed token in `ar` (GrammarState's calls) against
     `ar`'s plain step without a grammar, on the same chat."""
-    from longspec import grammar
+    from longspec.outputs import grammar
 
     spent = [0.0]
 

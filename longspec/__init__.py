@@ -4,7 +4,7 @@ from .api import Chunk, GenerationResult, Request, Stream, generate, stream
 from .drafters import METHODS, MethodSpec, method_names
 from .many import generate_many, stream_many
 from .models import Model, demo_path, fetch_model, load_model
-from .sampling import SamplingConfig
+from .sampling.logits import SamplingConfig
 
 __version__ = "0.1.0"
 

@@ -9,16 +9,16 @@ import difflib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .batching import Batch
 from .drafters import DraftSetup
-from .engine import Engine
+from .engine.batching import Batch
+from .engine.generation import Engine
 from .models.loader import Model
+from .outputs.text import TextStream, cut_at_stop, decode
+from .outputs.tools import parse_tool_calls
 from .progress import ProgressBar
 from .request import Prepared, Request, prepare_request
-from .sampler import Sampler
-from .sizing import generation_sizer
-from .text import TextStream, cut_at_stop, decode
-from .tools import parse_tool_calls
+from .sampling.sampler import Sampler
+from .step.sizing import generation_sizer
 
 
 @dataclass
@@ -126,7 +126,7 @@ class Stream:
         return self.prompt_ids + self.resumed
 
     def _run(self) -> Iterator[Chunk]:
-        """The generation alone: a batch of one (batching.py), stepped as the chunks are
+        """The generation alone: a batch of one (engine/batching.py), stepped as the chunks are
         asked for; closing it stops the generation where it is."""
         self._bar = ProgressBar(self.engine.max_new_tokens, enabled=self.progress)
         batch = Batch(self.model)
@@ -142,7 +142,7 @@ class Stream:
 
     def take(self, new: list[int]) -> Chunk:
         """The chunk of tokens a step of the engine committed (as a batch's steps hand them
-        over: batching.py)."""
+        over: engine/batching.py)."""
         self._token_ids.extend(new)
         if self._bar is not None:
             self._bar.update(len(new), self.engine.stats)
@@ -213,11 +213,11 @@ def generate(model: Model, prompt, *, progress: bool = False, **settings) -> Gen
     (the output expected, as OpenAI's predicted outputs: text or token ids that `auto` and
     `suffix` draft from; stats["prediction"] counts its accepted and rejected tokens),
     json_schema / regex / grammar / choice / response_format (the output held to a grammar:
-    grammar.py), logprobs (each new token's log probability and that many alternatives'),
-    logit_bias, tools and tool_choice (tools.py: the result's tool_calls). Every method returns
-    exactly the tokens `ar` returns for the same seed and settings (verify="match");
-    verify="rejection" keeps the distribution instead. `options` tunes the method (max_nodes,
-    max_depth and method-specific sizes; see docs/methods.md).
+    outputs/grammar.py), logprobs (each new token's log probability and that many
+    alternatives'), logit_bias, tools and tool_choice (outputs/tools.py: the result's tool_calls).
+    Every method returns exactly the tokens `ar` returns for the same seed and settings
+    (verify="match"); verify="rejection" keeps the distribution instead. `options` tunes the
+    method (max_nodes, max_depth and method-specific sizes; see docs/methods.md).
     """
     s = stream(model, prompt, progress=progress, **settings)
     for _ in s:

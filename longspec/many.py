@@ -1,4 +1,4 @@
-"""Many prompts on one model: their streams stepped together by a Batch (batching.py), at
+"""Many prompts on one model: their streams stepped together by a Batch (engine/batching.py), at
 most max_batch at a time, a stream joining when another leaves."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from collections.abc import Iterable, Iterator
 
 from . import api
 from .api import Chunk, GenerationResult, Stream
-from .batching import DEFAULT_MAX_BATCH, Batch
+from .engine.batching import DEFAULT_MAX_BATCH, Batch
 
 
-def run_batch(model, streams: Iterable[Stream], max_batch: int
+def run_streams(model, streams: Iterable[Stream], max_batch: int
               ) -> Iterator[tuple[Stream, Chunk]]:
     """Run the streams, at most `max_batch` at a time, in the order given (a stream joins when
     another leaves; the next is made one ahead): each stream's chunks as its steps commit them
@@ -47,7 +47,7 @@ def stream_many(model, prompts: Iterable, *, max_batch: int = DEFAULT_MAX_BATCH,
     generation is set up (and its arguments checked) when the one before it joins the batch,
     and started when it joins."""
     made: dict[int, tuple[int, Stream]] = {}
-    for s, chunk in run_batch(model, _streams(model, prompts, settings, made), max_batch):
+    for s, chunk in run_streams(model, _streams(model, prompts, settings, made), max_batch):
         yield made[id(s)][0], chunk
 
 
@@ -55,7 +55,7 @@ def generate_many(model, prompts: Iterable, *, max_batch: int = DEFAULT_MAX_BATC
                   **settings) -> list[GenerationResult]:
     """`generate` for several prompts, batched (stream_many): their results, in order."""
     made: dict[int, tuple[int, Stream]] = {}
-    for _ in run_batch(model, _streams(model, prompts, settings, made), max_batch):
+    for _ in run_streams(model, _streams(model, prompts, settings, made), max_batch):
         pass
     return [s.result for _, s in sorted(made.values(), key=lambda entry: entry[0])]
 

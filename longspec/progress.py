@@ -6,7 +6,7 @@ import sys
 
 from tqdm import tqdm
 
-from .stats import Stats
+from .step.stats import Stats
 
 
 class ProgressBar:

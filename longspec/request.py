@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from .drafters import check_arguments, get_method
 from .drafters.base import Budget
 from .drafters.registry import MethodSpec
-from .grammar import Constraint, GrammarState, constraint_of
 from .models.loader import Model
-from .sampling import SamplingConfig
-from .stopping import StopRules
-from .tools import checked_tools, template_messages
+from .outputs.grammar import Constraint, GrammarState, constraint_of
+from .outputs.stopping import StopRules
+from .outputs.tools import checked_tools, template_messages
+from .sampling.logits import SamplingConfig
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +57,7 @@ class Request:
     resume_from: Sequence[int] | None = None
     # the output expected (text or token ids), a draft source of the methods that copy text
     prediction: str | Sequence[int] | None = None
-    # the output held to one of these (grammar.py): a JSON schema (a mapping or its text), a
+    # the output held to one of these (outputs/grammar.py): a JSON schema (a mapping or its text), a
     # regex, a Lark grammar, a list of choices, or OpenAI's response_format (or a pydantic
     # model class)
     json_schema: Mapping[str, Any] | str | None = None
@@ -71,7 +71,7 @@ class Request:
     # token id -> a number in [-100, 100] added to its logit (OpenAI's logit_bias)
     logit_bias: Mapping[int | str, float] | None = None
     # OpenAI's tools (function definitions, for a chat whose template takes them) and
-    # tool_choice ("none", "auto", "required" or a named function): tools.py
+    # tool_choice ("none", "auto", "required" or a named function): outputs/tools.py
     tools: Sequence[Mapping[str, Any]] | None = None
     tool_choice: str | Mapping[str, Any] | None = None
     parallel_tool_calls: bool = True          # False: one call at most (OpenAI's)

@@ -13,10 +13,10 @@ import torch
 from helpers import last_bit_flipped, make_checkpoint
 
 import longspec
-from longspec.batch_cost import BatchCost
+from longspec.engine.batch_cost import BatchCost
 from longspec.models.compiled import extension, int4_mm_built
 from longspec.models.transformer import Transformer
-from longspec.sizing import StepCost
+from longspec.step.sizing import StepCost
 
 # tests run in a process per core (pyproject.toml's addopts): a thread each, not as many threads
 # as cores each
@@ -161,7 +161,7 @@ def demo_eagle(tmp_path_factory) -> Path:
     it trains it, the others wait for it and read it."""
     from filelock import FileLock
 
-    from longspec.heads.train import DrafterTraining, train_drafter
+    from longspec.training.drafters import DrafterTraining, train_drafter
 
     run = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -8,15 +8,15 @@ import pytest
 
 import longspec
 from longspec.cli import main
-from longspec.heads.answers import (
+from longspec.request import encode_prompt
+from longspec.training.answers import (
     MAX_QUESTION_CHARS,
     read_instructions,
     read_sharegpt_answers,
     write_answers,
     write_sharegpt_answers,
 )
-from longspec.heads.train import DrafterTraining, training_data
-from longspec.request import encode_prompt
+from longspec.training.drafters import DrafterTraining, training_data
 from longspec.zoo import sharegpt
 
 TEMPLATE = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}: {{ m['content'] }}\n"

@@ -12,8 +12,8 @@ import time
 import pytest
 
 import longspec
-from longspec.batch import line_sidecar, read_lines, run_batch
 from longspec.cli import main
+from longspec.jobs.batch_job import line_sidecar, read_lines, run_job
 from longspec.request import Request
 
 LINES = [{"prompt": "def parse(text):\n"},
@@ -147,7 +147,7 @@ def test_bad_input_is_refused_naming_the_line(tmp_path, capsys):
     model = longspec.load_model("demo", dtype="float32")
     lines = read_lines(write_prompts(tmp_path / "prompts.jsonl"), job)
     with pytest.raises(ValueError, match="holds results of other lines"):
-        list(run_batch(model, lines, out))
+        list(run_job(model, lines, out))
     assert main(["batch", "demo", str(tmp_path / "missing.jsonl"), "--out", str(out)]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
 

@@ -9,7 +9,7 @@ from helpers import DEVICE, make_checkpoint
 import longspec
 from longspec.cache import StaticCache
 from longspec.models.prefill import prefill
-from longspec.tree import TreeShape
+from longspec.step.tree import TreeShape
 
 pytestmark = pytest.mark.profiles
 DTYPES = [torch.float32, torch.bfloat16]

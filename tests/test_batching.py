@@ -1,4 +1,4 @@
-"""Many generations on one model: batched verification (batching.py) and interleaved streams
+"""Many generations on one model: batched verification (engine/batching.py) and interleaved streams
 each write exactly what the generation writes alone, for every method, greedy and sampled, in
 float32, bfloat16 and with int4 weights (the compiled layers' path). One forward over several
 generations' trees gives each segment bitwise its forward alone. CI runs the tests marked
@@ -15,13 +15,13 @@ from test_lossless import METHODS, OPTIONS, SETTINGS, models, prompts
 from test_sizing import chain
 
 import longspec
-from longspec import batching
-from longspec.batch_cost import worths
 from longspec.cache import StaticCache
-from longspec.many import run_batch
+from longspec.engine import batching
+from longspec.engine.batch_cost import worths
+from longspec.many import run_streams
 from longspec.models.prefill import prefill
 from longspec.models.transformer import Segment
-from longspec.tree import DraftTree, TreeShape
+from longspec.step.tree import DraftTree, TreeShape
 
 pytestmark = pytest.mark.usefixtures("costs_that_pay")
 DTYPES = ["float32", "bfloat16", "int4"]
@@ -86,7 +86,7 @@ def check_batched(dtype: str, setting: str, new_tokens: int, max_batch: int,
     requests = [method_request(entry, next(texts), setting, new_tokens, dtype, demo_eagle)
                 for entry in METHODS]
     streams = [longspec.api.stream_request(target, r) for r in requests]
-    for _ in run_batch(target, streams, max_batch):
+    for _ in run_streams(target, streams, max_batch):
         pass
     for entry, request, s in zip(METHODS, requests, streams):
         assert s.result.token_ids == alone(target, request), f"{entry} differs"
@@ -193,7 +193,7 @@ def test_autos_recycling_matrix_learns_in_the_steps_that_read_it_alone(monkeypat
     def matrices_changed() -> list[bool]:
         streams = [longspec.stream(target, p, **settings) for p in PROMPTS[:2]]
         before = [s.engine.drafter.recycling.matrix.clone() for s in streams]
-        for _ in run_batch(target, streams, 2):
+        for _ in run_streams(target, streams, 2):
             pass
         return [not torch.equal(m, s.engine.drafter.recycling.matrix)
                 for m, s in zip(before, streams)]
@@ -225,7 +225,7 @@ def test_a_batchs_members_of_one_method_and_setting_learn_one_calibration():
 
 
 def test_a_batch_is_closed_once_no_prompt_waits(monkeypatch):
-    """run_batch tells the batch when no prompt waits to join (Batch.closed)."""
+    """run_streams tells the batch when no prompt waits to join (Batch.closed)."""
     seen = []
     step = batching.Batch.step
 

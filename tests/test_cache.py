@@ -6,7 +6,7 @@ from helpers import make_checkpoint
 
 import longspec
 from longspec.cache import StaticCache, causal_mask
-from longspec.tree import DraftTree, TreeShape
+from longspec.step.tree import DraftTree, TreeShape
 
 F32 = torch.float32
 

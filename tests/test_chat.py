@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 import longspec
 from longspec.cli import main
-from longspec.text import TextStream, decode
+from longspec.outputs.text import TextStream, decode
 
 TEMPLATE = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")

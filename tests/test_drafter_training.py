@@ -15,18 +15,18 @@ import longspec
 from longspec.cli import main
 from longspec.drafters.eagle import EagleDrafter
 from longspec.heads import load_eagle, store
-from longspec.heads import train as train_module
-from longspec.heads.data import TargetFeatures, chat_stream, chat_tokens, data_files
 from longspec.heads.eagle import PRODUCTS, EagleDrafterNet, FeatureCache
-from longspec.heads.objectives import eagle_losses, implied_length
-from longspec.heads.train import (
+from longspec.models.compiled import int4_mm
+from longspec.models.linear import DenseLinear, Int4Linear
+from longspec.training import drafters as train_module
+from longspec.training.data import TargetFeatures, chat_stream, chat_tokens, data_files
+from longspec.training.drafters import (
     DrafterTraining,
     train_drafter,
     training_data,
     training_precision,
 )
-from longspec.models.compiled import int4_mm
-from longspec.models.linear import DenseLinear, Int4Linear
+from longspec.training.objectives import eagle_losses, implied_length
 
 TINY = {"batch_size": 2, "seq_len": 48, "warmup_steps": 2}
 
@@ -158,7 +158,7 @@ def test_training_needs_a_tokenizer(tiny_model_dir, text_file):
 
 def test_ctrl_c_leaves_a_checkpoint_that_continues_the_run(tiny_model, text_file, tmp_path,
                                                            monkeypatch):
-    from longspec.heads import train
+    from longspec.training import drafters as train
 
     cfg = DrafterTraining(kind="eagle", steps=5, checkpoint_every=100, **TINY)
     whole = train_drafter(tiny_model, [text_file], cfg, out=tmp_path / "whole", progress=False)

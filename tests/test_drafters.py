@@ -11,8 +11,8 @@ from longspec.drafters.base import Budget
 from longspec.drafters.ngram import NgramDrafter, NgramTable
 from longspec.drafters.pld import NgramIndex
 from longspec.drafters.suffix import SuffixDrafter
-from longspec.shared import SharedState
-from longspec.tree import TreeTemplate, TrieBuilder, template
+from longspec.state.shared import SharedState
+from longspec.step.tree import TreeTemplate, TrieBuilder, template
 
 pytestmark = pytest.mark.unit
 

@@ -11,10 +11,10 @@ from serving import ServerThread
 
 import longspec
 from longspec import api
-from longspec.batching import Batch
-from longspec.engine import Engine
-from longspec.prompt_cache import PromptCache
+from longspec.engine.batching import Batch
+from longspec.engine.generation import Engine
 from longspec.serve import ServeConfig
+from longspec.state.prompt_cache import PromptCache
 
 GOOD = ["class Parser:\n", "def main():\n"]
 BAD = "import os\nimport sys\n"

@@ -4,9 +4,9 @@ bit, an interrupted pass continued from its last shard, shared by the trainings 
 import pytest
 import torch
 
-from longspec.heads import data as data_module
-from longspec.heads.data import FEATURES, TargetFeatures, features_dirs, read_token_stream
-from longspec.heads.train import DrafterTraining, features_only, train_drafter
+from longspec.training import data as data_module
+from longspec.training.data import FEATURES, TargetFeatures, features_dirs, read_token_stream
+from longspec.training.drafters import DrafterTraining, features_only, train_drafter
 
 SEQ = 48
 TINY = {"batch_size": 2, "seq_len": SEQ, "warmup_steps": 2}

@@ -12,9 +12,9 @@ import torch
 from test_lossless import OPTIONS, models
 
 import longspec
-from longspec.grammar import Constraint, GrammarState, constraint_of, graft
-from longspec.many import run_batch
-from longspec.tree import FORCED, DraftTree, TrieBuilder
+from longspec.many import run_streams
+from longspec.outputs.grammar import Constraint, GrammarState, constraint_of, graft
+from longspec.step.tree import DraftTree, Source, TrieBuilder
 
 pytestmark = pytest.mark.usefixtures("costs_that_pay")
 
@@ -92,7 +92,7 @@ def test_forced_tokens_are_verified_as_drafts():
 def test_constrained_generations_in_a_batch_match_each_alone(together, monkeypatch):
     """In a batch, each member judged alone and, as on CUDA, all members' rows at once
     (batching.samples_together; a shared sampling setting), free text beside them."""
-    monkeypatch.setattr("longspec.batching.samples_together", lambda device: together)
+    monkeypatch.setattr("longspec.engine.batching.samples_together", lambda device: together)
     target, _ = models()
     kinds = ["json_schema", "regex", "choice", None]
     requests = [dict(sampling=SAMPLINGS["sampled"], seed=5 + i, **({kind: CONSTRAINTS[kind]}
@@ -102,7 +102,7 @@ def test_constrained_generations_in_a_batch_match_each_alone(together, monkeypat
              for r in requests]
     streams = [longspec.api.stream_request(target, longspec.Request(
         PROMPT, max_new_tokens=NEW_TOKENS, method="auto", **r)) for r in requests]
-    for _ in run_batch(target, streams, 4):
+    for _ in run_streams(target, streams, 4):
         pass
     assert [s.result.token_ids for s in streams] == [r.token_ids for r in alone]
 
@@ -149,7 +149,7 @@ def test_drafts_the_grammar_forbids_are_cut_before_they_are_verified():
 
 def test_auto_verifies_no_draft_the_grammar_forbids(monkeypatch):
     seen = []
-    verify = longspec.engine.verify
+    verify = longspec.engine.generation.verify
 
     def spy(tree, target, sampler):
         tokens, paths = tree.tokens.tolist(), tree.shape.host_paths.tolist()
@@ -157,7 +157,7 @@ def test_auto_verifies_no_draft_the_grammar_forbids(monkeypatch):
                     for node in range(tree.n))
         return verify(tree, target, sampler)
 
-    monkeypatch.setattr("longspec.engine.verify", spy)
+    monkeypatch.setattr("longspec.engine.generation.verify", spy)
     res = run("auto", "json_schema", "greedy")
     assert len(seen) > res.stats["steps"] and all(seen)
 
@@ -169,7 +169,7 @@ def test_graft_puts_the_forced_chain_first_and_keeps_what_agrees_with_it():
     tree = graft(trie.build(torch.device("cpu")), [1, 2], max_nodes=16)
     assert tree.tokens.tolist() == [7, 1, 2, 3, 4]
     assert tree.shape.parents == [-1, 0, 1, 2, 3]
-    assert tree.sources[1:3] == [FORCED, FORCED] and tree.sources[3:] == [2, 2]
+    assert tree.sources[1:3] == [Source.GRAMMAR] * 2 and tree.sources[3:] == [Source.PREDICTION] * 2
     assert tree.scores == pytest.approx([1, 1, 1, 0.5, 0.25])
     short = graft(DraftTree.chain([7], torch.device("cpu")), [1, 2, 3], max_nodes=3)
     assert short.tokens.tolist() == [7, 1, 2] and short.scores is None

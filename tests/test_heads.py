@@ -9,7 +9,7 @@ from helpers import make_checkpoint
 
 import longspec
 from longspec.heads import MultiTokenHeads, load_heads
-from longspec.heads.train import DrafterTraining, train_drafter
+from longspec.training.drafters import DrafterTraining, train_drafter
 
 
 def heads_training(**settings) -> DrafterTraining:

@@ -21,7 +21,7 @@ from longspec.models.attention import block_order
 from longspec.models.compiled import int4_mm
 from longspec.models.linear import DenseLinear, Int4Linear, RowParts, inner_products
 from longspec.models.prefill import prefill
-from longspec.tree import TreeShape
+from longspec.step.tree import TreeShape
 
 pytestmark = [pytest.mark.compiled, pytest.mark.profiles]
 

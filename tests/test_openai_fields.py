@@ -10,7 +10,7 @@ import pytest
 from test_lossless import OPTIONS, models
 
 import longspec
-from longspec.many import run_batch
+from longspec.many import run_streams
 
 pytestmark = pytest.mark.usefixtures("costs_that_pay")
 
@@ -72,7 +72,7 @@ def test_the_penalties_count_the_output_only():
 
 @pytest.mark.parametrize("together", [False, True])
 def test_in_a_batch_each_member_matches_ar_alone(together, monkeypatch):
-    monkeypatch.setattr("longspec.batching.samples_together", lambda device: together)
+    monkeypatch.setattr("longspec.engine.batching.samples_together", lambda device: together)
     target, _ = models()
     biases = [BIAS, None, {"300": -100}]
     alone = [longspec.generate(target, PROMPT, max_new_tokens=48, method="ar",
@@ -81,7 +81,7 @@ def test_in_a_batch_each_member_matches_ar_alone(together, monkeypatch):
     streams = [longspec.api.stream_request(target, longspec.Request(
         PROMPT, max_new_tokens=48, method="auto", sampling=SAMPLINGS["sampled"], seed=4 + i,
         logit_bias=b, logprobs=2)) for i, b in enumerate(biases)]
-    for _ in run_batch(target, streams, 3):
+    for _ in run_streams(target, streams, 3):
         pass
     assert [s.result.token_ids for s in streams] == [r.token_ids for r in alone]
     assert [s.result.logprobs for s in streams] == [r.logprobs for r in alone]

@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from longspec.penalty import PenaltyWindow
-from longspec.tree import DraftTree, TreeShape
+from longspec.sampling.penalty import PenaltyWindow
+from longspec.step.tree import DraftTree, TreeShape
 
 pytestmark = pytest.mark.unit
 

@@ -35,11 +35,12 @@ def test_the_code_digest_covers_every_module_that_decides_a_token():
     """The modules a token's choice, the grammar and the tool calls import are all in it,
     their own imports too, with the compiled kernels' sources."""
     files = set(arithmetic())
-    for module in ("sampler.py", "grammar.py", "tools.py", "sampling.py",
-                   "models/transformer.py", "models/linear.py"):
+    for module in ("sampling/sampler.py", "outputs/grammar.py", "outputs/tools.py",
+                   "sampling/logits.py", "models/transformer.py", "models/linear.py"):
         assert module in files and package_imports(module) <= files, module
-    assert {"models/native.cpp", "models/int4_mm.cpp", "noise.py", "penalty.py"} <= files
-    assert "engine.py" not in files and "sizing.py" not in files
+    assert {"models/native.cpp", "models/int4_mm.cpp", "sampling/noise.py",
+            "sampling/penalty.py"} <= files
+    assert "engine/generation.py" not in files and "step/sizing.py" not in files
 
 
 @pytest.mark.compiled

@@ -1,5 +1,5 @@
-"""The prompt cache (prompt_cache.py): a request that starts as an earlier sequence on the model
-started, its prompt or its answer, copies those keys and values instead of computing them, and
+"""The prompt cache (state/prompt_cache.py): a request that starts as an earlier sequence on the
+model started, its prompt or its answer, copies those keys and values instead of computing them, and
 writes exactly the tokens a fresh run writes, every method greedy and sampled (in the slow tier; the
 fast tier runs three methods in bfloat16 and with int4 weights), alone and in a batch; the cache
 never holds more than its bound. CI runs the tests marked `profiles` (`auto` in bfloat16 and with
@@ -14,8 +14,8 @@ from test_lossless import METHODS, OPTIONS, SETTINGS, models, prompts
 
 import longspec
 from longspec.cache import StaticCache
-from longspec.prompt_cache import BLOCK, PromptCache
 from longspec.request import encode_prompt
+from longspec.state.prompt_cache import BLOCK, PromptCache
 
 pytestmark = pytest.mark.usefixtures("costs_that_pay")
 NEW_TOKENS = 24

@@ -16,7 +16,7 @@ import longspec
 from longspec.api import Request, prepare
 from longspec.cache import StaticCache, causal_mask
 from longspec.models.prefill import drain
-from longspec.sampling import process_logits
+from longspec.sampling.logits import process_logits
 
 V = 8
 PROMPT = [(7 * i + 3) % V for i in range(40)]

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from longspec.cli import main
+from longspec.jobs.sidecar import sidecar_path
 from longspec.models import profile
-from longspec.sidecar import sidecar_path
 
 ARGS = ["generate", "demo", "--prompt", "def parse(text):\n", "--method", "pld", "--seed", "3",
         "--min-p", "0.1", "--penalty", "1.2", "--penalty-window", "64", "--ignore-eos",

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from longspec.noise import PositionNoise, gumbel_at, gumbel_rows, noise_key
-from longspec.sampler import Sampler, choices_together
-from longspec.sampling import NUCLEUS_FLOOR, SamplingConfig, process_logits
-from longspec.tree import DraftTree, TreeShape
+from longspec.sampling.logits import NUCLEUS_FLOOR, SamplingConfig, process_logits
+from longspec.sampling.noise import PositionNoise, gumbel_at, gumbel_rows, noise_key
+from longspec.sampling.sampler import Sampler, choices_together
+from longspec.step.tree import DraftTree, TreeShape
 
 pytestmark = pytest.mark.unit
 

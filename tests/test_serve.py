@@ -493,8 +493,8 @@ def test_tool_calls_are_parsed_by_the_client_and_taken_back(client, model, strea
 def test_auto_holds_strict_functions_arguments_and_leaves_text_free(model):
     """tool_choice auto with a `strict` function: text, then calls or none; a strict
     function's arguments follow its schema, another's any JSON object; exact under `auto`."""
-    from longspec.grammar import GrammarState
-    from longspec.tools import checked_tools
+    from longspec.outputs.grammar import GrammarState
+    from longspec.outputs.tools import checked_tools
 
     strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
     assert checked_tools(model, TOOLS, "auto")[1] is None       # nothing strict: free
@@ -535,7 +535,7 @@ def test_every_openai_field_is_implemented_ignored_as_neutral_or_refused(server)
     from openai.types import completion_create_params as completion
     from openai.types.chat import completion_create_params as chat
 
-    from longspec.serve.schemas import NEUTRAL, UNSUPPORTED, ChatBody, CompletionBody
+    from longspec.openai_api.schemas import NEUTRAL, UNSUPPORTED, ChatBody, CompletionBody
 
     refused = {"echo": True, "best_of": 2, "suffix": "x", "audio": {"voice": "alloy"},
                "modalities": ["text", "audio"], "functions": [{"name": "f"}],
@@ -587,8 +587,8 @@ def test_min_tokens_and_stop_token_ids_are_the_librarys(client, model):
 
 
 def test_parallel_tool_calls_false_allows_one_call(model):
-    from longspec.grammar import GrammarState
-    from longspec.tools import checked_tools
+    from longspec.outputs.grammar import GrammarState
+    from longspec.outputs.tools import checked_tools
 
     def call(name, arguments):
         return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from longspec.batch_cost import BatchCost
 from longspec.drafters.auto import AutoDrafter, StepRates
 from longspec.drafters.base import Budget
-from longspec.sampler import Sampler
-from longspec.sampling import SamplingConfig
-from longspec.shared import FILE_KEYS, SharedState, StepCostTable
-from longspec.sizing import Calibration, Sizer, StepCost, generation_sizer
-from longspec.tree import DraftTree
+from longspec.engine.batch_cost import BatchCost
+from longspec.sampling.logits import SamplingConfig
+from longspec.sampling.sampler import Sampler
+from longspec.state.shared import FILE_KEYS, SharedState, StepCostTable
+from longspec.step.sizing import Calibration, Sizer, StepCost, generation_sizer
+from longspec.step.tree import DraftTree
 
 pytestmark = pytest.mark.unit
 

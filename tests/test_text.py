@@ -4,7 +4,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import longspec
-from longspec.text import Detokenizer
+from longspec.outputs.text import Detokenizer
 
 pytestmark = pytest.mark.unit
 

@@ -18,12 +18,12 @@ from helpers import DEVICE, make_checkpoint
 import longspec
 from longspec.cache import StaticCache
 from longspec.cache.base import CHUNK
-from longspec.captures import KEPT, Captures, EagerRuns, KeptSteps
 from longspec.models.attention import block_layout, block_order, grouped_attention
 from longspec.models.graphs import BATCH_GRAPHS, BatchSteps, StaticSteps
 from longspec.models.prefill import prefill
 from longspec.models.tree_attention import SPLIT, tree_attention
-from longspec.tree import DraftTree, TreeShape
+from longspec.state.captures import KEPT, Captures, EagerRuns, KeptSteps
+from longspec.step.tree import DraftTree, TreeShape
 
 KV_HEADS, GROUP, HEAD_DIM = 2, 3, 16
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 6, 7]          # a tree 5 deep, branching at 0 and 1

@@ -7,8 +7,8 @@ from helpers import make_checkpoint
 import longspec
 from longspec.api import Request, prepare
 from longspec.models.prefill import drain
-from longspec.tree import DraftTree, TreeShape
-from longspec.verify import speculative_sample, verify_tree
+from longspec.step.tree import DraftTree, TreeShape
+from longspec.step.verify import speculative_sample, verify_tree
 
 CPU = torch.device("cpu")
 

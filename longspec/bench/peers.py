@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from ..sampling import SamplingConfig
+from ..sampling.logits import SamplingConfig
 
 HF_PEERS = ("hf", "hf-pld", "hf-assisted")
 LLAMACPP_PEERS = ("llamacpp", "llamacpp-lookup")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..text import read_text_file
+from ..outputs.text import read_text_file
 
 DEFAULT_SOURCES = ("generation/utils.py", "modeling_utils.py", "trainer.py")
 

@@ -17,10 +17,10 @@ import torch
 from tqdm import tqdm
 
 from ..api import generate
+from ..device.memory import PeakMemory
 from ..drafters import METHODS, VERIFY_MODES, check_arguments
 from ..drafters.registry import parse_assignment
-from ..memory import PeakMemory
-from ..sampling import SamplingConfig
+from ..sampling.logits import SamplingConfig
 from .metrics import answer_end, distinct_n, is_loop
 from .peers import PEERS, Peers, peer_status
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..memory import upload
+from ..device.memory import upload
 from .base import AttentionPlan, KVCache
 
 

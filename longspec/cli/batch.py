@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..batch import LINE_SETTINGS
-from ..batching import DEFAULT_MAX_BATCH
+from ..engine.batching import DEFAULT_MAX_BATCH
+from ..jobs.batch_job import LINE_SETTINGS
 from ..models.sources import BUNDLED
 from .flags import (
     check_writable,
@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from dataclasses import replace
 
-    from ..batch import Line, read_lines, run_batch
+    from ..jobs.batch_job import Line, read_lines, run_job
     from ..request import Request
 
     _, options = method_from_args(args)
@@ -71,7 +71,7 @@ def run(args) -> int:
     draft = load_optional(args.draft_model, args)
     if draft is not None:
         lines = [Line(line.id, replace(line.request, draft_model=draft)) for line in lines]
-    for _ in run_batch(model, lines, args.out, progress=not args.no_progress,
+    for _ in run_job(model, lines, args.out, progress=not args.no_progress,
                        checkpoint_every=args.checkpoint_every, max_batch=args.max_batch):
         pass
     return 0
@@ -84,10 +84,10 @@ def run_on_ray(args, lines) -> int:
         raise ValueError("--ray needs the ray package: pip install -e \".[ray]\"")
     if args.ray_actors < 1:
         raise ValueError(f"--ray-actors must be at least 1, got {args.ray_actors}")
-    from ..ray_batch import run_batch_ray
+    from ..jobs.ray_job import run_job_ray
 
     draft = None if args.draft_model is None else model_args(args.draft_model, args)
-    for _ in run_batch_ray(args.ray, args.ray_actors, model_args(args.model, args), draft, lines,
+    for _ in run_job_ray(args.ray, args.ray_actors, model_args(args.model, args), draft, lines,
                            args.out, progress=not args.no_progress, max_batch=args.max_batch):
         pass
     return 0

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..api import GenerationResult, generate, stream
-from ..sampling import SamplingConfig
+from ..sampling.logits import SamplingConfig
 from .flags import load_from_args, model_flags
 
 MODULE = '''import csv
@@ -115,7 +115,7 @@ def run_demo(model, write: Callable[[str], None], method: str = "auto",
     # a first generation pays the process's one-time costs (threads, buffers), which the timed
     # ones should not; what it taught the model of its text (the suffix index, the recycling
     # matrix, calibrations) is forgotten, so the answer starts as on a fresh model; the step
-    # costs it timed are kept, as a fresh model reads those of earlier runs (shared.py)
+    # costs it timed are kept, as a fresh model reads those of earlier runs (state/shared.py)
     generate(model, warm, max_new_tokens=WARM_TOKENS, method=method, **settings)
     model.state.forget_text()
     s = stream(model, prompt, max_new_tokens=max_new_tokens, method=method, **settings)

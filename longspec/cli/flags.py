@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..drafters import METHODS, check_arguments, get_method
 from ..drafters.registry import MethodSpec, parse_assignment
-from ..sampling import SamplingConfig
-from ..text import read_text_file
+from ..outputs.text import read_text_file
+from ..sampling.logits import SamplingConfig
 
 
 class Parser(argparse.ArgumentParser):
@@ -155,7 +155,7 @@ def constraint_flags(p: argparse.ArgumentParser) -> None:
 
 def constraint_from_args(args) -> dict:
     """The Request settings of constraint_flags."""
-    from ..text import read_text_file
+    from ..outputs.text import read_text_file
 
     if args.json_schema is not None:
         return {"json_schema": read_text_file(args.json_schema, "--json-schema")}

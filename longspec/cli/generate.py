@@ -62,8 +62,8 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..api import open_prepared
+    from ..outputs.text import read_text_file
     from ..request import Request, prepare_request
-    from ..text import read_text_file
     from .output import RunOutput
 
     sampling = sampling_from_args(args)

@@ -1,5 +1,5 @@
 """`--output FILE` of `longspec generate`: the text, appended as it is committed, and the
-sidecar FILE.longspec.json that `--resume` continues from (see longspec/sidecar.py).
+sidecar FILE.longspec.json that `--resume` continues from (see longspec/jobs/sidecar.py).
 
 Order of writes, so that a kill anywhere leaves something `--resume` can use: the sidecar is
 written before any text is appended (recording the file's size before the run), then the text
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 from ..api import Chunk, Stream
+from ..jobs.sidecar import Checkpoints, RunRecord, read_record, run_settings, setting_difference
+from ..jobs.sidecar import sidecar_path as sidecar_of
 from ..models.loader import Model
 from ..request import Request, encode_request
-from ..sidecar import Checkpoints, RunRecord, read_record, run_settings, setting_difference
-from ..sidecar import sidecar_path as sidecar_of
 
 
 class RunOutput:

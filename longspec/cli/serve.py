@@ -108,7 +108,7 @@ def _serve_on_ray(args) -> int:
 
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("grpc") is None:
         raise ValueError("--ray-replicas needs Ray Serve: pip install -e \".[ray]\"")
-    from ..ray_serve import serve_replicas
+    from ..jobs.ray_serve import serve_replicas
 
     config = {"model_name": args.served_model_name or args.model, "method": args.method,
               "api_key": args.api_key, "max_batch": args.max_batch, "max_queue": args.max_queue,

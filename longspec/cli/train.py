@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..heads import store
 from ..heads.store import KINDS
-from ..heads.train import LR, PRECISIONS, TARGETS, DrafterTraining, report_drafter
+from ..training.drafters import LR, PRECISIONS, TARGETS, DrafterTraining, report_drafter
 from .flags import load_from_args, model_flags, sampling_flags, sampling_from_args
 
 
@@ -110,7 +110,7 @@ def add_parsers(sub) -> None:
 
 
 def run_train_drafter(args) -> int:
-    from ..heads.train import features_only, train_drafter
+    from ..training.drafters import features_only, train_drafter
 
     cfg = DrafterTraining(kind=args.kind, steps=args.steps, lr=args.lr,
                           warmup_steps=args.warmup_steps, batch_size=args.batch_size,
@@ -163,7 +163,7 @@ def print_report(rates: dict) -> None:
 
 
 def run_answers(args) -> int:
-    from ..heads.answers import read_instructions, write_answers, write_sharegpt_answers
+    from ..training.answers import read_instructions, write_answers, write_sharegpt_answers
 
     if args.sharegpt is not None and args.sharegpt < 1:
         raise ValueError(f"--sharegpt takes a number of conversations, got {args.sharegpt}")
@@ -182,7 +182,7 @@ def run_answers(args) -> int:
 
 def run_train_tiny(args) -> int:
     from ..models.loader import demo_path
-    from ..zoo.train import build_demo_models
+    from ..training.demo import build_demo_models
 
     out = Path(args.out) if args.out else demo_path("demo").parent
     build_demo_models(out, target_steps=args.target_steps, draft_steps=args.draft_steps,

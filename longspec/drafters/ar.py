@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..tree import DraftTree
+from ..step.tree import DraftTree
 from .base import Budget, Drafter
 from .registry import MethodSpec
 

@@ -9,7 +9,7 @@ on this machine, or given as heads=; option drafter="none" leaves a found one ou
 draft model's chain, when one is given (draft_model=), as long as such steps measure faster
 with them than without (StepRates). Each node keeps the source whose estimate
 was best; the engine calibrates each source's estimates from what the target accepts and
-verifies the prefix of the trie that pays most (sizing.py), so a source that guesses badly on
+verifies the prefix of the trie that pays most (step/sizing.py), so a source that guesses badly on
 this text is simply cut away. Where no source pays at all (sampling at T=1 without a filter),
 drafting itself is measured against plain steps and left out while it loses (StepRates), except
 in steps where the suffix matches are sure of the next token (SURE_SUFFIX); option gate="off"
@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 
 from ..heads import store
-from ..sizing import Sizer
-from ..tree import CANDIDATES, DraftTree, TrieBuilder
+from ..step.sizing import Sizer
+from ..step.tree import CANDIDATES, DraftTree, Source, TrieBuilder
 from .base import Budget, Drafter
 from .draft_model import SPEC as DRAFT_SPEC
 from .draft_model import DraftModelDrafter
@@ -31,10 +31,7 @@ from .recycling import RecyclingDrafter
 from .registry import MethodSpec, Option
 from .suffix import SuffixDrafter
 
-# by the source ids nodes carry
-SOURCES = ("suffix", "suffix_earlier", "prediction", "recycling", "eagle", "draft_model",
-           "grammar")
-RECYCLING, EAGLE, DRAFT_MODEL = 3, 4, 5
+SOURCES = tuple(source.name.lower() for source in Source)   # by the ids nodes carry
 SPEC_NAME = "auto"
 RECYCLING_BUDGET = Budget(32, 6)    # the recycling template within the merged trie
 EAGLE_BUDGET = Budget(32, 6)        # the EAGLE drafter's tree within it (its method's default)
@@ -211,14 +208,15 @@ class AutoDrafter(Drafter):
             self.step = self.rates.choose()
         if self.step:
             if self.eagle is not None:
-                self.eagle.add_drafts(trie, committed, EAGLE_BUDGET, EAGLE)
+                self.eagle.add_drafts(trie, committed, EAGLE_BUDGET, Source.EAGLE)
             if self.draft_model is not None:
-                self.draft_model.add_drafts(trie, committed, DRAFT_MODEL_BUDGET, DRAFT_MODEL)
+                self.draft_model.add_drafts(trie, committed, DRAFT_MODEL_BUDGET,
+                                            Source.DRAFT_MODEL)
         tpl = self.recycling.template(RECYCLING_BUDGET)
         tokens = tpl.fill_by_token(committed[-1], self.recycling.matrix).tolist()
         weights = [tpl.scores[i] / tpl.scores[p] for i, p in enumerate(tpl.parents) if p >= 0]
         trie.add_tree([p - 1 for p in tpl.parents[1:]], tokens[1:], probs=weights,
-                      source=RECYCLING)
+                      source=Source.RECYCLING)
         return trie.build(self.device)
 
     def plain_step(self) -> None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.transformer import ForwardOutput
-from ..tree import CANDIDATES, DraftTree, TrieBuilder
-from ..verify import TargetOutput, Verdict
+from ..step.forward import ForwardOutput
+from ..step.tree import CANDIDATES, DraftTree, TrieBuilder
+from ..step.verify import TargetOutput, Verdict
 
 SIZINGS = ("adaptive", "fixed")
 
@@ -18,7 +18,7 @@ SIZINGS = ("adaptive", "fixed")
 class Budget:
     max_nodes: int   # nodes of a draft tree, root included
     max_depth: int   # draft tokens along any path
-    # "adaptive": a scored tree is cut to the size that pays most (sizing.py); "fixed": to its
+    # "adaptive": a scored tree is cut to the size that pays most (step/sizing.py); "fixed": to its
     # max_nodes best nodes by the drafter's own scores (ablations, and tests that want drafts)
     sizing: str = SIZINGS[0]
 

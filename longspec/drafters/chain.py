@@ -22,7 +22,7 @@ from ..cache import StaticCache
 from ..models.linear import HeadPart
 from ..models.prefill import prefill
 from ..models.transformer import Transformer
-from ..prompt_cache import PromptCache
+from ..state.prompt_cache import PromptCache
 
 
 class ChainModel:
@@ -52,7 +52,7 @@ class ChainModel:
 
     def restore(self, sequence: list[int], prompt_cache: PromptCache) -> None:
         """Before anything is fed: take the longest prefix of `sequence` the model's prompt
-        cache holds (prompt_cache.py), as feeding it would."""
+        cache holds (state/prompt_cache.py), as feeding it would."""
         self.fed = prompt_cache.restore(sequence, self.cache)
         if self.head is not None:
             self.head.add(sequence[:self.fed])

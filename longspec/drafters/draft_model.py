@@ -7,7 +7,7 @@ mode the draft samples from its own distribution, which the chain carries for ve
 How far to draft is decided by measured costs, token by token: one more draft is made while
 its expected worth (the chance of the path so far times the draft's chance of its latest
 token, in target steps saved) exceeds what it costs (a draft step, as timed, plus what one
-more node adds to the target's step: sizing.py's StepCost). The chain is scored by the draft's
+more node adds to the target's step: step/sizing.py's StepCost). The chain is scored by the draft's
 own chances, so the engine's sizer then verifies the prefix that pays most. Measured on a
 2-core CPU, a step of Qwen2.5-Coder-0.5B costs ~0.46 of one of its 1.5B sibling over its draft
 vocabulary (`draft_vocab`: chain.py; ~0.58 over the whole) and a 1.5B step over 8 nodes ~2.5 of
@@ -23,9 +23,9 @@ import time
 import torch
 
 from ..cache import StaticCache
-from ..memory import ensure_fits
-from ..sizing import Calibration, Sizer, StepCost
-from ..tree import DraftTree, TreeShape, TrieBuilder
+from ..device.memory import ensure_fits
+from ..step.sizing import Calibration, Sizer, StepCost
+from ..step.tree import DraftTree, TreeShape, TrieBuilder
 from .base import Budget, TrieDrafter
 from .chain import ChainModel
 from .registry import MethodSpec, Option

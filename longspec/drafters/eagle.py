@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from ..heads import store
 from ..heads.eagle import EagleDrafterNet, FeatureCache, load_eagle
-from ..sizing import Calibration
-from ..tree import CANDIDATES, TrieBuilder
+from ..step.sizing import Calibration
+from ..step.tree import CANDIDATES, TrieBuilder
 from .base import Budget, TrieDrafter
 from .registry import MethodSpec, Option
 

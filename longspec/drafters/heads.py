@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..heads import MultiTokenHeads, load_heads, store
-from ..tree import DraftTree, TreeTemplate
+from ..step.tree import DraftTree, TreeTemplate
 from .base import Budget, Drafter
 from .registry import MethodSpec
 

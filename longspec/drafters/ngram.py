@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import CANDIDATES, DraftTree, TrieBuilder
+from ..step.tree import CANDIDATES, DraftTree, TrieBuilder
 from .base import Budget, Drafter
 from .registry import MethodSpec, Option
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import DraftTree
+from ..step.tree import DraftTree
 from .base import Budget, Drafter
 from .registry import MethodSpec
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..models.transformer import ForwardOutput
-from ..tree import DraftTree, TreeTemplate
+from ..step.forward import ForwardOutput
+from ..step.tree import DraftTree, TreeTemplate
 from .base import Budget, Drafter
 from .registry import MethodSpec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import DraftTree
+from ..step.tree import DraftTree
 from .base import Budget, Drafter
 from .registry import MethodSpec
 from .retrieval_level import LEVEL_OPTIONS, RetrievalLevel

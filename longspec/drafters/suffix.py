@@ -24,8 +24,8 @@ from __future__ import annotations
 import heapq
 import math
 
-from ..suffix_index import SuffixIndex
-from ..tree import TrieBuilder
+from ..state.suffix_index import SuffixIndex
+from ..step.tree import Source, TrieBuilder
 from .base import Budget, TrieDrafter
 from .registry import MethodSpec
 
@@ -33,7 +33,6 @@ ALPHA = 1.0
 MAX_DEPTH = 24
 MIN_PROB = 0.1
 UNSEEN = 2.0              # pseudo-count of other continuations, times 1 / match length
-LOCAL, EARLIER, PREDICTED = 0, 1, 2   # sources of a node, calibrated apart
 
 
 def add_counted_tree(trie: TrieBuilder, continuations: list[list[int]], max_nodes: int,
@@ -78,9 +77,9 @@ class SuffixDrafter(TrieDrafter):
         self.device = device
         self.shared = model.state
         self.local = SuffixIndex()
-        self.indexes = [(LOCAL, self.local)]
+        self.indexes = [(Source.SUFFIX, self.local)]
         if prediction:
-            self.indexes.append((PREDICTED, SuffixIndex(list(prediction))))
+            self.indexes.append((Source.PREDICTION, SuffixIndex(list(prediction))))
         self.prompt_len = 0
 
     def prefill(self, prompt_ids: list[int], cache) -> None:
@@ -93,7 +92,7 @@ class SuffixDrafter(TrieDrafter):
         self.local.extend(committed[len(self.local.tokens):])
         depth = min(budget.max_depth, MAX_DEPTH)
         found = [(source, *index.matched(committed, depth)) for source, index in self.indexes]
-        found.append((EARLIER, *self.shared.earlier_matches(committed, depth)))
+        found.append((Source.SUFFIX_EARLIER, *self.shared.earlier_matches(committed, depth)))
         for source, length, continuations in found:
             if length:
                 cap = min(budget.max_nodes - 1, math.ceil(ALPHA * length))

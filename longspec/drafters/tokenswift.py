@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..cache.partial import PartialCache
-from ..tree import CANDIDATES, DraftTree, TreeTemplate, TrieBuilder
+from ..step.tree import CANDIDATES, DraftTree, TreeTemplate, TrieBuilder
 from .base import Budget, Drafter
 from .chain import root_queries
 from .heads import HeadGuesses

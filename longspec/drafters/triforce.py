@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from ..cache.streaming import StreamingCache
-from ..tree import DraftTree
-from ..verify import speculative_sample, verify_tree
+from ..step.tree import DraftTree
+from ..step.verify import speculative_sample, verify_tree
 from .base import Budget, Drafter
 from .chain import ChainModel
 from .draft_model import DRAFT_VOCAB, VOCAB_OPTION, check_draft_context, check_draft_model

@@ -1,5 +1,5 @@
 """Trained drafters on a frozen target: TokenSwift's multi-token heads and EAGLE's feature
-drafter (modules, save/load, training)."""
+drafter (their modules, saved and loaded; training.drafters trains them)."""
 
 from .eagle import EagleDrafterNet, load_eagle
 from .module import HEADS_CONFIG, HEADS_WEIGHTS, MultiTokenHeads, load_heads

@@ -13,9 +13,9 @@ every context length, and a replay issues the same kernels as the eager forward:
 are the same with graphs or without, and the same in every bucket (the products run as
 CUDA_ROWS-row parts on CUDA, the kernel is row by row).
 
-Several generations stepping together (batching.py) run the same way (BatchSteps): each member's
-tree in its own bucket's buffers, the buckets' rows one after another in one forward over the
-members' caches (Transformer.forward_many with the buckets' plans), captured per
+Several generations stepping together (engine/batching.py) run the same way (BatchSteps): each
+member's tree in its own bucket's buffers, the buckets' rows one after another in one forward
+over the members' caches (Transformer.forward_many with the buckets' plans), captured per
 combination of buckets that recurs (a batch's plain steps: every member's bucket of one row).
 Its rows are each member's bucket's rows alone, bit for bit, as forward_many's are.
 
@@ -38,9 +38,10 @@ import torch
 
 from ..cache.base import AttentionPlan
 from ..cache.full import StaticCache
-from ..captures import Captures, EagerRuns
-from ..memory import upload
-from .transformer import ForwardOutput, Segment, TopTokens
+from ..device.memory import upload
+from ..state.captures import Captures, EagerRuns
+from ..step.forward import ForwardOutput, TopTokens
+from .transformer import Segment
 
 BUCKETS = (1, 16, 64)
 # captured combinations of members' buckets a batch keeps (the least recently run dropped):

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ..memory import available_bytes, ensure_fits
-from ..prompt_cache import default_limit
-from ..shared import SharedState
+from ..device.memory import available_bytes, ensure_fits
+from ..state.prompt_cache import default_limit
+from ..state.shared import SharedState
 from . import gguf
 from .build import build_transformer
 from .config import ModelConfig, as_ids, read_config
@@ -45,7 +45,7 @@ CPU_FLOAT32_BELOW = 20_000_000
 @dataclass(eq=False)
 class Model:
     """A loaded model: the network, its configuration and (when the checkpoint has one) its
-    tokenizer. `state` is what the generations on this model share (shared.py)."""
+    tokenizer. `state` is what the generations on this model share (state/shared.py)."""
 
     net: Transformer
     config: ModelConfig
@@ -246,7 +246,7 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
     The kernel profile (`model.profile`) is fixed here, after a row check on this host
     (selfcheck.py), which may turn speculation off (the profile says so).
 
-    `prompt_cache_mb` bounds the prompt cache (prompt_cache.py): the keys and values of
+    `prompt_cache_mb` bounds the prompt cache (state/prompt_cache.py): the keys and values of
     earlier sequences that later prompts starting alike copy instead of computing; by default
     an eighth of the memory free after loading, at most 4 GiB; 0 keeps none. Where the row
     check failed it keeps none (a prompt's rows may then differ from a step's)."""
@@ -277,6 +277,6 @@ def load_model(path: str | Path = "demo", dtype: str | torch.dtype = "auto",
 
 
 def step_costs_key(model: Model) -> str:
-    """Under which key the model's step costs are kept (shared.py's StepCostTable): the host,
+    """Under which key the model's step costs are kept (state/shared.py's StepCostTable): the host,
     the kernel profile and the model's shapes (selfcheck.py's key), and torch's threads."""
     return f"{shape_key(model.net, model.profile)} threads={torch.get_num_threads()}"

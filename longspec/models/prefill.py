@@ -10,7 +10,8 @@ import torch
 
 from ..cache.base import causal_mask
 from ..cache.full import StaticCache
-from .transformer import ForwardOutput, Head, Transformer
+from ..step.forward import ForwardOutput
+from .transformer import Head, Transformer
 
 # Largest attention score buffer a prefill chunk may build, in bytes, and most tokens a chunk.
 PREFILL_SCORE_BYTES = 256 * 2**20

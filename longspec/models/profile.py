@@ -42,8 +42,8 @@ from .linear import Int4Linear
 # grammar. Not the drafters, sizing or verification: over row-invariant forwards
 # (verify="match") they change how many tokens a step takes, never which.
 ARITHMETIC_ROOTS = ("models/transformer.py", "models/prefill.py", "models/build.py",
-                    "models/gguf.py", "models/quant.py", "cache/full.py", "sampler.py",
-                    "tools.py")
+                    "models/gguf.py", "models/quant.py", "cache/full.py", "sampling/sampler.py",
+                    "outputs/tools.py")
 PACKAGE = Path(__file__).parent.parent
 
 

@@ -29,8 +29,8 @@ import torch
 
 from ..cache.base import CHUNK, copy_slots
 from ..cache.full import StaticCache
-from ..shared import write_json
-from ..tree import TreeShape
+from ..state.shared import write_json
+from ..step.tree import TreeShape
 from .linear import CUDA_ROWS
 from .prefill import prefill
 from .profile import KernelProfile, kernel_profile

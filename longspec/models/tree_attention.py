@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..cache.base import CHUNK
-from ..memory import upload
+from ..device.memory import upload
 
 BLOCK = 64    # keys a fold step reads: a [rows, BLOCK] score tile, never stored
 SPLIT = 4     # CHUNKs of keys one program folds before its partial is stored

@@ -24,12 +24,12 @@ from starlette.exceptions import HTTPException
 
 from ..api import make_request, open_prepared
 from ..models.loader import Model
+from ..openai_api.responses import APIError, Shape, error_body, failure_body, sse, timeout_body
+from ..openai_api.schemas import ChatBody, CompletionBody, GenerationBody
+from ..openai_api.translate import Defaults, body_settings
 from ..request import MAX_SEED, Prepared, prepare_request
 from .config import ServeConfig
 from .metrics import PROMETHEUS_TYPE, ApiKeyMiddleware, Metrics, MetricsMiddleware
-from .responses import APIError, Shape, error_body, failure_body, sse, timeout_body
-from .schemas import ChatBody, CompletionBody, GenerationBody
-from .translate import Defaults, body_settings
 from .worker import Finished, Job, QueueFull, Worker
 
 POLL_S = 0.25       # how often a waiting handler looks at its client and its deadline

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..batching import DEFAULT_MAX_BATCH
 from ..drafters import METHODS
+from ..engine.batching import DEFAULT_MAX_BATCH
 from ..models.loader import Model
 
 
@@ -20,7 +20,7 @@ class ServeConfig:
     method: str = "ar"                # the method of requests that name none
     api_key: str | None = None        # None: no authentication
     max_queue: int = 16               # requests that may wait while a batch runs
-    max_batch: int = DEFAULT_MAX_BATCH   # generations stepped together (batching.py)
+    max_batch: int = DEFAULT_MAX_BATCH   # generations stepped together (engine/batching.py)
     request_timeout: float = 600.0    # seconds from a request's arrival to its last token
     # chat requests without max_tokens get the rest of the context, at most this many tokens:
     # longspec allocates the KV cache of the whole generation up front

@@ -22,8 +22,8 @@ from prometheus_client import (
 from starlette.responses import JSONResponse
 
 from ..api import GenerationResult
-from ..prompt_cache import PromptCache
-from .responses import cached_tokens, error_body
+from ..openai_api.responses import cached_tokens, error_body
+from ..state.prompt_cache import PromptCache
 
 ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics", "/health")
 # a long generation takes minutes: buckets up to the default request timeout

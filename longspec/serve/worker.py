@@ -1,5 +1,5 @@
 """The generations of the server: one worker thread steps up to `max_batch` of them together
-(batching.py: one forward verifies every member's tree), and the asyncio side only waits for
+(engine/batching.py: one forward verifies every member's tree), and the asyncio side only waits for
 what they commit.
 
 Queued jobs join the batch, in arrival order, at a step boundary while it has room; a joining
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..api import GenerationResult, Stream
-from ..batching import Batch
+from ..engine.batching import Batch
 
 log = logging.getLogger("longspec.serve")
 T = TypeVar("T")

@@ -1,0 +1,212 @@
+"""Response bodies in OpenAI's shapes: completions, chat completions, their streamed chunks,
+and errors `{"error": {"message", "type", "param", "code"}}`.
+
+longspec adds, per response, a `speculative` object with the quantities vLLM counts for
+speculative decoding (its metric names): num_drafts (verify steps), num_draft_tokens,
+num_accepted_tokens, draft_acceptance_rate (accepted / drafted) and mean_acceptance_length
+(new tokens per step, the bonus token included); plus `seed`, the seed the sampling used (a
+fresh random one when the request named none).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from ..api import GenerationResult
+from ..outputs.tools import held_back, parse_tool_calls
+
+# longspec's finish reasons -> OpenAI's
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "tool_calls": "tool_calls"}
+
+
+def error_body(message: str, type_: str, param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class APIError(Exception):
+    """A request the server refuses, with the status and body the client gets."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = error_body(message, type_, param, code)
+        self.headers = headers
+
+
+def timeout_body(timeout_s: float) -> dict:
+    return error_body(f"the generation did not finish within the request timeout of "
+                      f"{timeout_s:g} s (time in the queue included); ask for fewer max_tokens, "
+                      "or raise the server's --request-timeout", "timeout_error",
+                      code="request_timeout")
+
+
+def failure_body(error: str) -> dict:
+    return error_body(f"the generation failed: {error}", "server_error", code="internal_error")
+
+
+def speculative(stats: dict) -> dict:
+    return {"method": stats["method"], "num_drafts": stats["steps"],
+            "num_draft_tokens": stats["drafted_tokens"],
+            "num_accepted_tokens": stats["accepted_draft_tokens"],
+            "draft_acceptance_rate": stats["acceptance_rate"],
+            "mean_acceptance_length": stats["mean_accepted_length"]}
+
+
+def cached_tokens(result: GenerationResult) -> int:
+    """The prompt's tokens whose keys and values came from the prompt cache."""
+    return min(result.stats["cached_tokens"], result.prompt_tokens)
+
+
+def usage(result: GenerationResult) -> dict:
+    """OpenAI's usage: the prompt's tokens the prompt cache held, and the tokens of a
+    prediction accepted and rejected (predicted outputs; 0 without one)."""
+    n = len(result.token_ids)
+    prediction = result.stats.get("prediction", {})
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": n,
+            "total_tokens": result.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens(result)},
+            "completion_tokens_details": {
+                "reasoning_tokens": 0,
+                "accepted_prediction_tokens": prediction.get("accepted_tokens", 0),
+                "rejected_prediction_tokens": prediction.get("rejected_tokens", 0)}}
+
+
+def _total(results: list[GenerationResult]) -> dict:
+    """The usage of a request's choices: its prompt once, their completions together."""
+    first = usage(results[0])
+    if len(results) > 1:
+        n = sum(len(r.token_ids) for r in results)
+        details = first["completion_tokens_details"]
+        for key in ("accepted_prediction_tokens", "rejected_prediction_tokens"):
+            details[key] = sum(usage(r)["completion_tokens_details"][key] for r in results)
+        first.update(completion_tokens=n, total_tokens=first["prompt_tokens"] + n)
+    return first
+
+
+class Shape:
+    """The bodies of one response: a completion or a chat completion, whole or in chunks, of
+    one choice per seed (n)."""
+
+    def __init__(self, chat: bool, model_name: str, seeds: list[int], token_ids: bool,
+                 tokenizer=None, logprobs: bool = False, tools: bool = False):
+        """`tools`: the output's tool call blocks become message.tool_calls (outputs/tools.py); a
+        stream holds back the text from where one may begin."""
+        self.chat = chat
+        self.tools = tools
+        self._texts = [""] * len(seeds)     # each choice's streamed text (with tools) ...
+        self._sent = [0] * len(seeds)       # ... and how much of it went out
+        self.model_name = model_name
+        self.seeds = seeds
+        self.token_ids = token_ids        # the client asked for return_token_ids
+        self.tokenizer = tokenizer
+        self.logprobs = logprobs          # ... for logprobs
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model_name}
+
+    def _piece(self, token: int) -> str:
+        return self.tokenizer.decode([token]) if self.tokenizer is not None else str(token)
+
+    def _logprobs(self, entries: list[dict] | None) -> dict | None:
+        """OpenAI's logprobs object for these tokens (sampling.token_logprobs' entries): chat's
+        `content` list, or completions' parallel lists."""
+        if not self.logprobs or entries is None:
+            return None
+        if self.chat:
+            def item(token: int, logprob: float) -> dict:
+                piece = self._piece(token)
+                return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+            return {"content": [{**item(e["token"], e["logprob"]),
+                                 "top_logprobs": [item(t, lp) for t, lp in e["top"]]}
+                                for e in entries], "refusal": None}
+        tokens = [self._piece(e["token"]) for e in entries]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{self._piece(t): lp for t, lp in e["top"]} for e in entries],
+                "text_offset": offsets}
+
+    def _choice(self, index: int, result: GenerationResult) -> dict:
+        choice = {"index": index, "finish_reason": FINISH_REASONS[result.finish_reason],
+                  "logprobs": self._logprobs(result.logprobs)}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": result.text}
+            if self.tools:      # the calls as the library parsed them (their ids), once
+                choice["message"]["content"] = parse_tool_calls(result.text)[0]
+                if result.tool_calls:
+                    choice["message"]["tool_calls"] = result.tool_calls
+        else:
+            choice["text"] = result.text
+        if self.token_ids:
+            choice["token_ids"] = result.token_ids
+        if len(self.seeds) > 1:
+            choice["seed"] = self.seeds[index]
+        return choice
+
+    def whole(self, results: list[GenerationResult]) -> dict:
+        body = self._head("chat.completion" if self.chat else "text_completion")
+        stats = [r.stats for r in results]
+        return {**body, "choices": [self._choice(i, r) for i, r in enumerate(results)],
+                "usage": _total(results), "speculative": self._speculative(stats),
+                "seed": self.seeds[0]}
+
+    def _speculative(self, stats: list[dict]) -> dict | list[dict]:
+        return speculative(stats[0]) if len(stats) == 1 else [speculative(s) for s in stats]
+
+    def chunk(self, index: int, text: str | None = None, token_ids: list[int] | None = None,
+              logprobs: list[dict] | None = None, finish_reason: str | None = None,
+              first: bool = False) -> dict:
+        choice: dict = {"index": index}
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if first else {}
+            if text and self.tools:
+                text = self._release(index, text)
+            if text:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        choice["logprobs"] = self._logprobs(logprobs)
+        choice["finish_reason"] = finish_reason
+        if self.token_ids and token_ids is not None:
+            choice["token_ids"] = token_ids
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"),
+                "choices": [choice]}
+
+    def _release(self, index: int, text: str) -> str:
+        """What of a choice's streamed text can go out now (tools.held_back)."""
+        self._texts[index] += text
+        upto = held_back(self._texts[index])
+        piece = self._texts[index][self._sent[index]:upto]
+        self._sent[index] = max(self._sent[index], upto)
+        return piece
+
+    def last_chunk(self, index: int, result: GenerationResult) -> dict:
+        body = self.chunk(index, finish_reason=FINISH_REASONS[result.finish_reason],
+                          token_ids=[])
+        if self.chat and self.tools:
+            # the text held back: its content, then the result's calls as OpenAI streams them
+            content = parse_tool_calls(result.text[self._sent[index]:])[0]
+            delta = body["choices"][0]["delta"]
+            if content:
+                delta["content"] = content
+            if result.tool_calls:
+                delta["tool_calls"] = [{"index": k, **call}
+                                       for k, call in enumerate(result.tool_calls)]
+        return {**body, "speculative": speculative(result.stats), "seed": self.seeds[index]}
+
+    def usage_chunk(self, results: list[GenerationResult]) -> dict:
+        """What `stream_options: {"include_usage": true}` asks for: no choices, the usage."""
+        head = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        return {**head, "choices": [], "usage": _total(results)}
+
+
+def sse(data: dict | str) -> str:
+    """One server-sent event."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"

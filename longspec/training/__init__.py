@@ -1,0 +1,2 @@
+"""Training: drafters on a frozen target (their data, objectives and loop), and the bundled
+demo models with their tokenizer."""
