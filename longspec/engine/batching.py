@@ -28,7 +28,6 @@ import torch
 from ..device.memory import PeakMemory
 from ..drafters.auto import StepRates
 from ..models.graphs import BatchSteps, graphs_wanted
-from ..models.prefill import MAX_CHUNK
 from ..sampling.sampler import choices_together, samples_together
 from ..step.sizing import calibration_key
 from ..step.tree import DraftTree
@@ -50,9 +49,7 @@ DEFAULT_MAX_BATCH = 4
 # (StepRates' budget; docs/design.md, "Sizing")
 TRY_BUDGET = 0.01
 # the most prompt tokens a joining stream's prefill runs between two of the batch's steps
-# (admit): the members wait at most one such chunk. A 4,000-token prompt took 0.71-0.84x the
-# time in chunks of 256 as in chunks of 1,024 (prefill.MAX_CHUNK) on a Zen 3 (SmolLM2 int4,
-# the test model in float32), the cache's bits the same
+# (admit): the members wait at most one such chunk (on a CPU, prefill.MAX_CHUNK's own size)
 ADMISSION_CHUNK = 256
 
 
@@ -89,15 +86,15 @@ class Batch:
     def join(self, stream: Stream) -> None:
         """Start the stream's generation (its whole prefill, now) and step it with the others
         from the next step; a generation with nothing left to do ends at once."""
-        self.admit(stream, MAX_CHUNK)
+        self.admit(stream, None)
         while any(s is stream for s, _ in self.joining):
             for _, error in self._prefill_chunk(whole=True):
                 raise error
 
-    def admit(self, stream: Stream, max_chunk: int = ADMISSION_CHUNK) -> None:
-        """Let the stream join: its prefill runs a chunk (`max_chunk` tokens) a step (step),
-        ahead of the members' forward, so that they wait at most one chunk for it; a generation
-        with nothing left to do ends at once."""
+    def admit(self, stream: Stream, max_chunk: int | None = ADMISSION_CHUNK) -> None:
+        """Let the stream join: its prefill runs a chunk (`max_chunk` tokens; None: a plain
+        prefill's) a step (step), ahead of the members' forward, so that they wait at most one
+        chunk for it; a generation with nothing left to do ends at once."""
         if stream.engine.done:
             stream.end(True)
             return

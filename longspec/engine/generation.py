@@ -25,7 +25,7 @@ from ..device.memory import ensure_fits, upload
 from ..drafters.base import Budget, Drafter
 from ..models.graphs import StaticSteps, graphs_wanted
 from ..models.loader import Model
-from ..models.prefill import MAX_CHUNK, prefilling
+from ..models.prefill import prefilling
 from ..models.transformer import Segment
 from ..outputs.grammar import graft
 from ..outputs.stopping import StopRules
@@ -92,11 +92,11 @@ class Engine:
                     f"{self.max_new_tokens} new tokens",
                     "lower max_new_tokens or the prompt length, or use dtype bfloat16")
 
-    def starting(self, prompt_ids: list[int], max_chunk: int = MAX_CHUNK
+    def starting(self, prompt_ids: list[int], max_chunk: int | None = None
                  ) -> Generator[None, None, None]:
-        """Prefill the prompt a chunk (at most `max_chunk` tokens) at a time, yielding between
-        chunks (a batch steps its running generations there, engine/batching.py). stats.prefill_s
-        counts its own time only."""
+        """Prefill the prompt a chunk (at most `max_chunk` tokens; None: the device's
+        prefill.MAX_CHUNK) at a time, yielding between chunks (a batch steps its running
+        generations there, engine/batching.py). stats.prefill_s counts its own time only."""
         begin = time.perf_counter()
         spent = 0.0                 # the time of the chunks before the current one's
         capacity = self.plan_capacity(len(prompt_ids))

@@ -13,16 +13,21 @@ from ..cache.full import StaticCache
 from ..step.forward import ForwardOutput
 from .transformer import Head, Transformer
 
-# Largest attention score buffer a prefill chunk may build, in bytes, and most tokens a chunk.
+# Largest attention score buffer a prefill chunk may build, in bytes.
 PREFILL_SCORE_BYTES = 256 * 2**20
-MAX_CHUNK = 1024
+# Most tokens a chunk, by device. On a CPU a chunk's activations stay in the cores' caches
+# through its products: an 8,000-token prompt of Qwen2.5-Coder-1.5B (int4) took 0.87x the time
+# in chunks of 256 as in chunks of 1,024, 0.89x in chunks of 512, on a Zen 3 under AVX2
+# (docs/benchmarks/kernels.md, "Prefill in chunks of 256"). A GPU takes more rows a kernel.
+MAX_CHUNK = {"cpu": 256, "cuda": 1024}
 T = TypeVar("T")
 
 
-def chunk_size(net: Transformer, n_keys: int) -> int:
-    """Tokens per chunk so that the fp32 score buffer over `n_keys` keys stays bounded."""
+def chunk_size(net: Transformer, n_keys: int, max_chunk: int) -> int:
+    """Tokens per chunk, at most `max_chunk`, so that the fp32 score buffer over `n_keys` keys
+    stays bounded."""
     per_token = net.config.num_heads * max(n_keys, 1) * 4
-    return int(max(16, min(MAX_CHUNK, PREFILL_SCORE_BYTES // per_token)))
+    return int(max(16, min(max_chunk, PREFILL_SCORE_BYTES // per_token)))
 
 
 def prefill(net: Transformer, tokens: list[int] | torch.Tensor, cache: StaticCache,
@@ -49,8 +54,9 @@ def prefilling(net: Transformer, tokens: list[int] | torch.Tensor, cache: Static
                *, last_logits: int = 0, need_logits: bool = False, return_hidden: bool = False,
                head: Head | None = None,
                on_chunk: Callable[[torch.Tensor, ForwardOutput], None] | None = None,
-               max_chunk: int = MAX_CHUNK) -> Generator[None, None, torch.Tensor | None]:
-    """`prefill` a chunk (of at most `max_chunk` tokens) at a time: it yields after each chunk
+               max_chunk: int | None = None) -> Generator[None, None, torch.Tensor | None]:
+    """`prefill` a chunk (of at most `max_chunk` tokens; None: the device's MAX_CHUNK) at a
+    time: it yields after each chunk
     (a batch steps its running generations between a joining one's chunks) and returns what
     `prefill` does. The chunks' sizes do not change the cache's bits (every row of a forward
     is what it is alone: the row check)."""
@@ -58,8 +64,9 @@ def prefilling(net: Transformer, tokens: list[int] | torch.Tensor, cache: Static
     n = ids.shape[0]
     logits = None
     done = 0
+    most = max_chunk or MAX_CHUNK[net.device.type]
     while done < n:
-        q = min(n - done, max_chunk, chunk_size(net, cache.length + min(n - done, max_chunk)))
+        q = min(n - done, chunk_size(net, cache.length + min(n - done, most), most))
         start = first_position + done
         positions = torch.arange(start, start + q, device=net.device)
         last = done + q == n and last_logits > 0
