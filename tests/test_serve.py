@@ -456,6 +456,28 @@ def test_logprobs_are_the_librarys(client, model):
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_cover_the_contents_tokens_not_the_end_of_the_turn(client, model, stream):
+    eos = model.tokenizer.eos_token_id
+    settings = {"max_tokens": 12, "temperature": 0, "logprobs": True, "logit_bias": {eos: 100},
+                "extra_body": {"min_tokens": 3}}
+    ref = longspec.generate(model, MESSAGES, max_new_tokens=12, min_new_tokens=3,
+                            logit_bias={eos: 100}, sampling=longspec.SamplingConfig(temperature=0),
+                            logprobs=0)
+    assert ref.finish_reason == "eos" and len(ref.token_ids) == 4
+    res = client.chat.completions.create(model="demo-chat", messages=MESSAGES, stream=stream,
+                                         **settings)
+    if stream:
+        chunks = list(res)
+        content = [t for c in chunks for ch in c.choices if ch.logprobs
+                   for t in ch.logprobs.content]
+        text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+    else:
+        content, text = res.choices[0].logprobs.content, res.choices[0].message.content
+    assert [t.logprob for t in content] == [lp["logprob"] for lp in ref.logprobs[:3]]
+    assert "".join(t.token for t in content) == text == ref.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_tool_calls_are_parsed_by_the_client_and_taken_back(client, model, stream):
     choice = {"type": "function", "function": {"name": "get_weather"}}
     asked = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -12,6 +12,7 @@ from serving import ServerThread
 import longspec
 from longspec.cli import main
 from longspec.serve import ServeConfig, default_method
+from longspec.serve.config import served_name
 
 KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -33,6 +34,21 @@ def guarded(model):
 def hasty(model):
     with ServerThread(model, ServeConfig("demo", request_timeout=1.5)) as s:
         yield s
+
+
+def test_a_served_path_is_known_by_its_short_id_and_still_accepted(model):
+    assert served_name("qwen-coder-1.5b") == "qwen-coder-1.5b"
+    assert served_name("/m/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") == \
+        "qwen2.5-coder-1.5b-instruct-q4_k_m"
+    assert served_name("HuggingFaceTB/SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"
+    assert served_name("checkpoints/tiny/") == "tiny"
+    path = "/m/demo.gguf"
+    with ServerThread(model, ServeConfig(served_name(path), aliases=(path,))) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["demo"]
+        for name in ("demo", path):
+            res = client.completions.create(model=name, prompt="x", max_tokens=2)
+            assert res.model == "demo"
 
 
 def test_the_api_key_is_required_on_v1_routes(guarded):

@@ -36,8 +36,9 @@ def add_parser(sub) -> None:
     s.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens,
                    help="cap on new tokens for chat requests without max_tokens (default: "
                    "%(default)s)")
-    s.add_argument("--served-model-name", help="the model id clients send (default: MODEL as "
-                   "given)")
+    s.add_argument("--served-model-name", help="the model id clients send (default: a bundled "
+                   "name as given, a path or Hub id by its last part, a GGUF file's without "
+                   "'.gguf'; MODEL as given is accepted too)")
     s.add_argument("--draft-model", help="draft model for methods that need one")
     s.add_argument("--heads", metavar="DIR", help="trained drafter directory (heads or "
                    "EAGLE, from 'longspec train-drafter') for the methods that take one")
@@ -83,9 +84,8 @@ def run(args) -> int:
     if args.ray_replicas is not None:
         return _serve_on_ray(args)
     model, draft = _load_on_own_thread(args)
-    config = ServeConfig(model_name=args.served_model_name or args.model, method=args.method,
-                         api_key=args.api_key, max_batch=args.max_batch,
-                         max_queue=args.max_queue,
+    config = ServeConfig(**_names(args), method=args.method, api_key=args.api_key,
+                         max_batch=args.max_batch, max_queue=args.max_queue,
                          request_timeout=args.request_timeout,
                          default_max_tokens=args.default_max_tokens,
                          draft_model=draft, heads=args.heads)
@@ -93,6 +93,14 @@ def run(args) -> int:
     uvicorn.run(create_app(model, config), host=args.host, port=args.port,
                 log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
+
+
+def _names(args) -> dict:
+    """The served model's id, and the other one a request may name (MODEL as given)."""
+    from ..serve.config import served_name
+
+    name = args.served_model_name or served_name(args.model)
+    return {"model_name": name, "aliases": () if name == args.model else (args.model,)}
 
 
 def _load_on_own_thread(args) -> tuple:
@@ -110,7 +118,7 @@ def _serve_on_ray(args) -> int:
         raise ValueError("--ray-replicas needs Ray Serve: pip install -e \".[ray]\"")
     from ..jobs.ray_serve import serve_replicas
 
-    config = {"model_name": args.served_model_name or args.model, "method": args.method,
+    config = {**_names(args), "method": args.method,
               "api_key": args.api_key, "max_batch": args.max_batch, "max_queue": args.max_queue,
               "request_timeout": args.request_timeout,
               "default_max_tokens": args.default_max_tokens, "heads": args.heads}

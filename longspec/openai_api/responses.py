@@ -105,6 +105,7 @@ class Shape:
         self.token_ids = token_ids        # the client asked for return_token_ids
         self.tokenizer = tokenizer
         self.logprobs = logprobs          # ... for logprobs
+        self._left_out: dict[int, bool] = {}    # by token: a special token the text leaves out
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
 
@@ -114,11 +115,23 @@ class Shape:
     def _piece(self, token: int) -> str:
         return self.tokenizer.decode([token]) if self.tokenizer is not None else str(token)
 
+    def _in_text(self, token: int) -> bool:
+        """Whether the token's text is in the response's text: not a special token (an
+        end-of-turn's `<|im_end|>`) that decoding leaves out."""
+        if self.tokenizer is None:
+            return True
+        if token not in self._left_out:
+            shown = self.tokenizer.decode([token], skip_special_tokens=True)
+            self._left_out[token] = shown == "" and self.tokenizer.decode([token]) != ""
+        return not self._left_out[token]
+
     def _logprobs(self, entries: list[dict] | None) -> dict | None:
         """OpenAI's logprobs object for these tokens (sampling.token_logprobs' entries): chat's
-        `content` list, or completions' parallel lists."""
+        `content` list, or completions' parallel lists; as OpenAI's, they cover the text's
+        tokens, so a special token the text leaves out (the end of the turn) is not listed."""
         if not self.logprobs or entries is None:
             return None
+        entries = [e for e in entries if self._in_text(e["token"])]
         if self.chat:
             def item(token: int, logprob: float) -> dict:
                 piece = self._piece(token)

@@ -50,7 +50,7 @@ class Server:
     def settings(self, body: GenerationBody, chat: bool) -> tuple[object, dict]:
         """The prompt and `stream`'s keyword settings; APIError for what pydantic lets pass."""
         cfg = self.config
-        if body.model != cfg.model_name:
+        if body.model != cfg.model_name and body.model not in cfg.aliases:
             raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
                            f"{cfg.model_name!r}", param="model", code="model_not_found")
         return body_settings(body, chat, Defaults(cfg.method, cfg.draft_model, cfg.heads))
@@ -163,7 +163,9 @@ class Server:
                 for future in done:
                     i, item = waiting.pop(future), future.result()
                     if not isinstance(item, Finished):
-                        if item is not None and (item.text or shape.token_ids):
+                        # a token whose text is held back still has its logprobs
+                        if item is not None and (item.text or shape.token_ids
+                                                 or shape.logprobs and item.logprobs):
                             yield sse(shape.chunk(i, item.text, item.token_ids, item.logprobs))
                         waiting[asyncio.ensure_future(self.next_event(jobs[i]))] = i
                     elif item.error is not None or item.timed_out or item.result is None:
