@@ -56,10 +56,9 @@ def prefilling(net: Transformer, tokens: list[int] | torch.Tensor, cache: Static
                on_chunk: Callable[[torch.Tensor, ForwardOutput], None] | None = None,
                max_chunk: int | None = None) -> Generator[None, None, torch.Tensor | None]:
     """`prefill` a chunk (of at most `max_chunk` tokens; None: the device's MAX_CHUNK) at a
-    time: it yields after each chunk
-    (a batch steps its running generations between a joining one's chunks) and returns what
-    `prefill` does. The chunks' sizes do not change the cache's bits (every row of a forward
-    is what it is alone: the row check)."""
+    time: it yields after each chunk (a batch steps its running generations between a joining
+    one's chunks) and returns what `prefill` does. The chunks' sizes do not change the cache's
+    bits (every row of a forward is what it is alone: the row check)."""
     ids = torch.as_tensor(tokens, dtype=torch.long, device=net.device)
     n = ids.shape[0]
     logits = None
