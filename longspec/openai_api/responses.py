@@ -27,26 +27,39 @@ def error_body(message: str, type_: str, param: str | None = None,
 
 
 class APIError(Exception):
-    """A request the server refuses, with the status and body the client gets."""
+    """A request the server refuses (or a generation that ended badly), with its status; the
+    body in OpenAI's shape (`body`), or another API's from the same fields."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
                  headers: dict | None = None):
         super().__init__(message)
         self.status = status
-        self.body = error_body(message, type_, param, code)
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
         self.headers = headers
 
-
-def timeout_body(timeout_s: float) -> dict:
-    return error_body(f"the generation did not finish within the request timeout of "
-                      f"{timeout_s:g} s (time in the queue included); ask for fewer max_tokens, "
-                      "or raise the server's --request-timeout", "timeout_error",
-                      code="request_timeout")
+    @property
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
 
 
-def failure_body(error: str) -> dict:
-    return error_body(f"the generation failed: {error}", "server_error", code="internal_error")
+def timeout_error(timeout_s: float) -> APIError:
+    return APIError(504, f"the generation did not finish within the request timeout of "
+                    f"{timeout_s:g} s (time in the queue included); ask for fewer max_tokens, "
+                    "or raise the server's --request-timeout", "timeout_error",
+                    code="request_timeout")
+
+
+def failure_error(error: str) -> APIError:
+    return APIError(500, f"the generation failed: {error}", "server_error",
+                    code="internal_error")
+
+
+def shutdown_error() -> APIError:
+    return APIError(503, "the server is shutting down", "server_error")
 
 
 def speculative(stats: dict) -> dict:

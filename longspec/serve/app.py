@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 
@@ -22,9 +23,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..api import make_request, open_prepared
+from ..api import Chunk, GenerationResult, make_request, open_prepared
 from ..models.loader import Model
-from ..openai_api.responses import APIError, Shape, error_body, failure_body, sse, timeout_body
+from ..openai_api.responses import (
+    APIError,
+    Shape,
+    error_body,
+    failure_error,
+    shutdown_error,
+    sse,
+    timeout_error,
+)
 from ..openai_api.schemas import ChatBody, CompletionBody, GenerationBody
 from ..openai_api.translate import Defaults, body_settings
 from ..request import MAX_SEED, Prepared, prepare_request
@@ -67,18 +76,17 @@ class Server:
 
     # -- one request ----------------------------------------------------------------------------
 
-    async def generate(self, request: Request, body: GenerationBody, chat: bool) -> Response:
-        arrived = time.monotonic()
-        prompt, settings = self.settings(body, chat)
-        # choice i samples with seed + i (the response names each one's)
-        seeds = [(settings["seed"] + i) % (MAX_SEED + 1) for i in range(body.n)]
-        if body.n > self.config.max_queue:
-            raise APIError(400, f"n={body.n} choices cannot wait in this server's queue of "
+    async def submit(self, prompt, settings: dict, seeds: list[int], arrived: float
+                     ) -> list[Job]:
+        """The jobs of a request's choices (one per seed), prepared beside the worker, opened
+        on it and queued; APIError for what cannot run (every API's endpoints come here)."""
+        if len(seeds) > self.config.max_queue:
+            raise APIError(400, f"n={len(seeds)} choices cannot wait in this server's queue of "
                            f"{self.config.max_queue}; ask for fewer", param="n")
         if not self.worker.thread.is_alive():
             raise APIError(503, "the server's generation worker has stopped; restart the server",
                            "server_error", code="worker_stopped")
-        if self.worker.room() < body.n:     # refuse before building anything (checked again)
+        if self.worker.room() < len(seeds):     # refuse before building anything (checked again)
             raise self.queue_full()
         try:
             ready = await asyncio.to_thread(self.prepare, prompt, settings, seeds)
@@ -94,30 +102,52 @@ class Server:
             for s in streams:
                 s.close()
             raise self.queue_full() from None
+        return jobs
+
+    async def generate(self, request: Request, body: GenerationBody, chat: bool) -> Response:
+        arrived = time.monotonic()
+        prompt, settings = self.settings(body, chat)
+        # choice i samples with seed + i (the response names each one's)
+        seeds = [(settings["seed"] + i) % (MAX_SEED + 1) for i in range(body.n)]
+        jobs = await self.submit(prompt, settings, seeds, arrived)
         shape = Shape(chat, self.config.model_name, seeds, body.return_token_ids,
                       self.model.tokenizer, settings["logprobs"] is not None,
-                      tools=streams[0].tools)
+                      tools=jobs[0].stream.tools)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(self.events(jobs, shape, usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        ends = await asyncio.gather(*(self.wait(job, request) for job in jobs))
-        if any(end is None for end in ends):
+        results = await self.results(jobs, request)
+        if results is None:
             return Response(status_code=499)     # the client left; nobody reads this
-        for end in ends:
-            if end.error is not None:
-                return JSONResponse(failure_body(end.error), status_code=500)
-        if any(end.result is None and not end.timed_out for end in ends):
-            return JSONResponse(error_body("the server is shutting down", "server_error"), 503)
-        if any(end.timed_out for end in ends):
-            return JSONResponse(timeout_body(self.config.request_timeout), status_code=504)
-        return JSONResponse(shape.whole([end.result for end in ends]))
+        return JSONResponse(shape.whole(results))
 
     def queue_full(self) -> APIError:
         return APIError(503, f"the queue is full ({self.config.max_queue} requests wait "
                         "already); retry later", "server_error", code="queue_full",
                         headers={"Retry-After": str(self.worker.retry_after_s())})
+
+    def ended_badly(self, end: Finished) -> APIError | None:
+        """What a generation that did not finish tells its client (None: it finished)."""
+        if end.error is not None:
+            return failure_error(end.error)
+        if end.timed_out:
+            return timeout_error(self.config.request_timeout)
+        return shutdown_error() if end.result is None else None
+
+    async def results(self, jobs: list[Job], request: Request) -> list[GenerationResult] | None:
+        """The jobs' results once all have finished; None when the client left first; the
+        APIError of the first that did not finish (a failure before a timeout)."""
+        ends = await asyncio.gather(*(self.wait(job, request) for job in jobs))
+        if any(end is None for end in ends):
+            return None
+        bad = [self.ended_badly(end) for end in ends]
+        for status in (500, 504, 503):
+            for error in bad:
+                if error is not None and error.status == status:
+                    raise error
+        return [end.result for end in ends]
 
     async def next_event(self, job: Job):
         """The job's next event (a Chunk or its Finished), or None when none came within
@@ -146,46 +176,50 @@ class Server:
         finally:
             job.cancel()        # a no-op once the job has finished
 
-    async def events(self, jobs: list[Job], shape: Shape, include_usage: bool):
-        """Server-sent events of a streamed response, its choices' chunks as they come. A
-        client that disconnects ends this generator (cancelled or closed), and the `finally`
-        cancels the jobs; a choice that fails ends the response with an error event."""
+    async def updates(self, jobs: list[Job]) -> AsyncIterator[tuple[int, Chunk | Finished]]:
+        """Each job's chunks as they come and then its Finished, with the job's index. A
+        client that disconnects ends the generator that reads this (cancelled or closed), and
+        the `finally` cancels the jobs."""
         waiting: dict[asyncio.Future, int] = {}
         try:
-            if shape.chat:
-                for i in range(len(jobs)):
-                    yield sse(shape.chunk(i, token_ids=[], first=True))
             waiting = {asyncio.ensure_future(self.next_event(job)): i
                        for i, job in enumerate(jobs)}
-            results = [None] * len(jobs)
             while waiting:
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
                     i, item = waiting.pop(future), future.result()
+                    if item is not None:
+                        yield i, item
                     if not isinstance(item, Finished):
-                        # a token whose text is held back still has its logprobs
-                        if item is not None and (item.text or shape.token_ids
-                                                 or shape.logprobs and item.logprobs):
-                            yield sse(shape.chunk(i, item.text, item.token_ids, item.logprobs))
                         waiting[asyncio.ensure_future(self.next_event(jobs[i]))] = i
-                    elif item.error is not None or item.timed_out or item.result is None:
-                        yield sse(failure_body(item.error) if item.error is not None
-                                  else timeout_body(self.config.request_timeout)
-                                  if item.timed_out
-                                  else error_body("the server is shutting down", "server_error"))
-                        yield sse("[DONE]")
-                        return
-                    else:
-                        results[i] = item.result
-                        yield sse(shape.last_chunk(i, item.result))
-            if include_usage:
-                yield sse(shape.usage_chunk(results))
-            yield sse("[DONE]")
         finally:
             for future in waiting:
                 future.cancel()
             for job in jobs:
                 job.cancel()
+
+    async def events(self, jobs: list[Job], shape: Shape, include_usage: bool):
+        """Server-sent events of a streamed response in OpenAI's shape, its choices' chunks as
+        they come; a choice that fails ends the response with an error event."""
+        if shape.chat:
+            for i in range(len(jobs)):
+                yield sse(shape.chunk(i, token_ids=[], first=True))
+        results = [None] * len(jobs)
+        async for i, item in self.updates(jobs):
+            if not isinstance(item, Finished):
+                # a token whose text is held back still has its logprobs
+                if item.text or shape.token_ids or shape.logprobs and item.logprobs:
+                    yield sse(shape.chunk(i, item.text, item.token_ids, item.logprobs))
+            elif (error := self.ended_badly(item)) is not None:
+                yield sse(error.body)
+                yield sse("[DONE]")
+                return
+            else:
+                results[i] = item.result
+                yield sse(shape.last_chunk(i, item.result))
+        if include_usage:
+            yield sse(shape.usage_chunk(results))
+        yield sse("[DONE]")
 
 
 def _field_path(err: dict) -> list[str]:
