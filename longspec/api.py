@@ -14,7 +14,6 @@ from .engine.batching import Batch
 from .engine.generation import Engine
 from .models.loader import Model
 from .outputs.text import TextStream, cut_at_stop, decode
-from .outputs.tools import parse_tool_calls
 from .progress import ProgressBar
 from .request import Prepared, Request, prepare_request
 from .sampling.sampler import Sampler
@@ -29,8 +28,9 @@ class GenerationResult:
     finish_reason: str     # "eos", "stop", "length" or "interrupted"
     prompt_tokens: int
     logprobs: list[dict] | None = None   # per new token, when asked for (token_logprobs)
-    # the calls in the text (tools.parse_tool_calls: OpenAI's form; finish_reason "tool_calls"
-    # where there are some), for a request whose template rendered tools ([]: none made)
+    # the calls in the text (read by the request's tool format, in OpenAI's form; finish_reason
+    # "tool_calls" where there are some), for a request whose template rendered tools ([]:
+    # none made)
     tool_calls: list[dict] | None = None
 
 
@@ -180,7 +180,7 @@ class Stream:
         logprobs = None if self.engine.logprobs_top is None else list(self.engine.logprobs)
         calls = None
         if self.tools:
-            calls = parse_tool_calls(text)[1] if finished else []
+            calls = self.tools.parse(text)[1] if finished else []
             reason = "tool_calls" if calls else reason
         return GenerationResult(token_ids, text, stats, reason, len(self.prompt_ids), logprobs,
                                 calls)

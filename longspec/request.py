@@ -20,6 +20,7 @@ from .drafters.registry import MethodSpec
 from .models.loader import Model
 from .outputs.grammar import Constraint, GrammarState, constraint_of
 from .outputs.stopping import StopRules
+from .outputs.tool_formats import ToolFormat
 from .outputs.tools import checked_tools, template_messages
 from .sampling.logits import SamplingConfig
 
@@ -75,6 +76,8 @@ class Request:
     tools: Sequence[Mapping[str, Any]] | None = None
     tool_choice: str | Mapping[str, Any] | None = None
     parallel_tool_calls: bool = True          # False: one call at most (OpenAI's)
+    # the format the model writes calls in (outputs/tool_formats.py); None: the chat template's
+    tool_format: str | None = None
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -147,7 +150,8 @@ def _chat_ids(model: Model, messages: list, tools: list | None = None) -> list[i
 
 def encode_request(model: Model, r: Request) -> list[int]:
     """The request's prompt as token ids, its tools rendered by the chat template."""
-    return encode_prompt(model, r.prompt, checked_tools(model, r.tools, r.tool_choice)[0])
+    return encode_prompt(model, r.prompt, checked_tools(model, r.tools, r.tool_choice,
+                                                        format_name=r.tool_format).tools)
 
 
 def encode_prompt(model: Model, prompt, tools: list | None = None) -> list[int]:
@@ -328,7 +332,7 @@ class Prepared:
     resumed: list[int]
     prediction: list[int]
     grammar: GrammarState | None
-    tools: bool                       # the template rendered tools: the result has tool_calls
+    tools: ToolFormat | None          # the template rendered tools: the result's calls, read so
     stop: StopRules                   # having seen the resumed tokens
     bias: torch.Tensor | None         # logit_bias, dense
     done: bool                        # nothing is left to generate (a resumed run that ended)
@@ -346,7 +350,8 @@ def prepare_request(model: Model, request: Request, prompt_ids: list[int] | None
     spec = get_method(r.method)
     check_arguments(spec, draft_model=r.draft_model is not None, heads=r.heads is not None,
                     verify=r.verify, prediction=bool(r.prediction))
-    tools, calls = checked_tools(model, r.tools, r.tool_choice, r.parallel_tool_calls)
+    tools, calls, calls_format = checked_tools(model, r.tools, r.tool_choice,
+                                               r.parallel_tool_calls, r.tool_format)
     if r.max_new_tokens is None:        # known once the prompt is; else checked before it
         if prompt_ids is None:
             prompt_ids = encode_prompt(model, r.prompt, tools)
@@ -370,5 +375,5 @@ def prepare_request(model: Model, request: Request, prompt_ids: list[int] | None
         raise ValueError(f"resume_from ends the generation at its token {stop_at - 1} (a stop "
                          "rule fires there), yet goes on: it was not made with these settings")
     return Prepared(r, spec, budget, options, n, seed, sampling, prompt_ids, resumed,
-                    prediction, grammar, tools is not None, rules, logit_bias(model, r),
+                    prediction, grammar, calls_format, rules, logit_bias(model, r),
                     stop_at is not None or len(resumed) == n)

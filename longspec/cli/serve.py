@@ -12,6 +12,7 @@ API_KEY_ENV = "LONGSPEC_API_KEY"
 
 
 def add_parser(sub) -> None:
+    from ..outputs.tool_formats import FORMATS
     from ..serve.config import ServeConfig, default_method
 
     defaults = ServeConfig(model_name="")
@@ -39,6 +40,8 @@ def add_parser(sub) -> None:
     s.add_argument("--served-model-name", help="the model id clients send (default: a bundled "
                    "name as given, a path or Hub id by its last part, a GGUF file's without "
                    "'.gguf'; MODEL as given is accepted too)")
+    s.add_argument("--tool-call-format", choices=list(FORMATS), help="how the model writes "
+                   "tool calls (default: recognised from its chat template)")
     s.add_argument("--draft-model", help="draft model for methods that need one")
     s.add_argument("--heads", metavar="DIR", help="trained drafter directory (heads or "
                    "EAGLE, from 'longspec train-drafter') for the methods that take one")
@@ -88,7 +91,8 @@ def run(args) -> int:
                          max_batch=args.max_batch, max_queue=args.max_queue,
                          request_timeout=args.request_timeout,
                          default_max_tokens=args.default_max_tokens,
-                         draft_model=draft, heads=args.heads)
+                         draft_model=draft, heads=args.heads,
+                         tool_format=args.tool_call_format)
     # on Ctrl-C, open streams get a few seconds, then are cut (and their generations stopped)
     uvicorn.run(create_app(model, config), host=args.host, port=args.port,
                 log_level=args.log_level, timeout_graceful_shutdown=5)
@@ -121,7 +125,8 @@ def _serve_on_ray(args) -> int:
     config = {**_names(args), "method": args.method,
               "api_key": args.api_key, "max_batch": args.max_batch, "max_queue": args.max_queue,
               "request_timeout": args.request_timeout,
-              "default_max_tokens": args.default_max_tokens, "heads": args.heads}
+              "default_max_tokens": args.default_max_tokens, "heads": args.heads,
+              "tool_format": args.tool_call_format}
     draft = None if args.draft_model is None else model_args(args.draft_model, args)
     serve_replicas(args.ray, args.ray_replicas, args.host, args.port,
                    model_args=model_args(args.model, args), draft_args=draft, config_args=config)

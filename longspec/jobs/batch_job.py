@@ -37,6 +37,7 @@ from ..drafters import check_arguments, get_method
 from ..engine.batching import DEFAULT_MAX_BATCH
 from ..many import run_streams
 from ..models.loader import Model
+from ..outputs.tools import checked_tools
 from ..request import Request, checked_settings, encode_request, prepare_request
 from ..sampling.logits import SamplingConfig
 from .sidecar import (
@@ -120,7 +121,8 @@ def _openai_line(entry: dict, job: Request, where: str) -> Line:
                          "false")
     try:
         prompt, settings = body_settings(body, chat, Defaults(job.method, job.draft_model,
-                                                              job.heads, seed=job.seed))
+                                                              job.heads, seed=job.seed,
+                                                              tool_format=job.tool_format))
     except APIError as e:
         raise ValueError(f"{where}: {e}") from None
     if settings["max_new_tokens"] is None:
@@ -292,7 +294,9 @@ def _openai_result(line: Line, res: GenerationResult, model: Model) -> dict:
 
     r, chat = line.request, OPENAI_URLS[line.url]
     shape = Shape(chat, line.model_name, [r.seed], False, model.tokenizer,
-                  r.logprobs is not None, res.tool_calls is not None)
+                  r.logprobs is not None, checked_tools(model, r.tools, r.tool_choice,
+                                                        r.parallel_tool_calls,
+                                                        r.tool_format).format)
     body = {**shape.whole([res]), "id": ("chatcmpl-" if chat else "cmpl-") + line.id,
             "created": 0}
     del body["speculative"]          # the steps a run took depend on its timing (sizing)

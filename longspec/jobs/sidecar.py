@@ -73,7 +73,7 @@ def run_settings(model: Model, request: Request) -> dict:
     # the grammar the output is held to, a tool_choice's compiled too: a change to how tools
     # compile changes the run
     constraint = r.constraint() or checked_tools(model, r.tools, r.tool_choice,
-                                                 r.parallel_tool_calls)[1]
+                                                 r.parallel_tool_calls, r.tool_format)[1]
     return {
         "model": fingerprint(model.path),
         "dtype": str(model.dtype).removeprefix("torch."),
@@ -88,6 +88,7 @@ def run_settings(model: Model, request: Request) -> dict:
         "tools": r.tools,
         "tool_choice": r.tool_choice,
         "parallel_tool_calls": r.parallel_tool_calls,
+        "tool_format": r.tool_format,
         "min_new_tokens": r.min_new_tokens,
         "logit_bias": None if r.logit_bias is None else {str(k): v
                                                           for k, v in r.logit_bias.items()},

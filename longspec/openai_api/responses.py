@@ -15,7 +15,7 @@ import time
 import uuid
 
 from ..api import GenerationResult
-from ..outputs.tools import held_back, parse_tool_calls
+from ..outputs.tool_formats import ToolFormat
 
 # longspec's finish reasons -> OpenAI's
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "tool_calls": "tool_calls"}
@@ -106,9 +106,9 @@ class Shape:
     one choice per seed (n)."""
 
     def __init__(self, chat: bool, model_name: str, seeds: list[int], token_ids: bool,
-                 tokenizer=None, logprobs: bool = False, tools: bool = False):
-        """`tools`: the output's tool call blocks become message.tool_calls (outputs/tools.py); a
-        stream holds back the text from where one may begin."""
+                 tokenizer=None, logprobs: bool = False, tools: ToolFormat | None = None):
+        """`tools`: the format of the output's tool calls, which become message.tool_calls
+        (outputs/tool_formats.py); a stream holds back the text from where one may begin."""
         self.chat = chat
         self.tools = tools
         self._texts = [""] * len(seeds)     # each choice's streamed text (with tools) ...
@@ -164,7 +164,7 @@ class Shape:
         if self.chat:
             choice["message"] = {"role": "assistant", "content": result.text}
             if self.tools:      # the calls as the library parsed them (their ids), once
-                choice["message"]["content"] = parse_tool_calls(result.text)[0]
+                choice["message"]["content"] = self.tools.parse(result.text)[0]
                 if result.tool_calls:
                     choice["message"]["tool_calls"] = result.tool_calls
         else:
@@ -206,9 +206,9 @@ class Shape:
                 "choices": [choice]}
 
     def _release(self, index: int, text: str) -> str:
-        """What of a choice's streamed text can go out now (tools.held_back)."""
+        """What of a choice's streamed text can go out now (ToolFormat.held_back)."""
         self._texts[index] += text
-        upto = held_back(self._texts[index])
+        upto = self.tools.held_back(self._texts[index])
         piece = self._texts[index][self._sent[index]:upto]
         self._sent[index] = max(self._sent[index], upto)
         return piece
@@ -218,7 +218,7 @@ class Shape:
                           token_ids=[])
         if self.chat and self.tools:
             # the text held back: its content, then the result's calls as OpenAI streams them
-            content = parse_tool_calls(result.text[self._sent[index]:])[0]
+            content = self.tools.parse(result.text[self._sent[index]:])[0]
             delta = body["choices"][0]["delta"]
             if content:
                 delta["content"] = content

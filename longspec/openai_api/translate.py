@@ -26,6 +26,7 @@ class Defaults:
     draft_model: Any = None     # for a method that needs one
     heads: Any = None           # for a method that takes a trained drafter
     seed: int | None = None     # None: a fresh random seed (the response names it)
+    tool_format: str | None = None      # None: the one the chat template writes
 
 
 def body_settings(body: GenerationBody, chat: bool, defaults: Defaults) -> tuple[Any, dict]:
@@ -89,7 +90,8 @@ def body_settings(body: GenerationBody, chat: bool, defaults: Defaults) -> tuple
         "heads": defaults.heads if spec and spec.needs_heads else None,
         "prediction": prediction, "logprobs": logprobs, "logit_bias": body.logit_bias,
         **constraint, **({"tools": body.tools, "tool_choice": body.tool_choice,
-                          "parallel_tool_calls": body.parallel_tool_calls is not False}
+                          "parallel_tool_calls": body.parallel_tool_calls is not False,
+                          "tool_format": defaults.tool_format}
                          if chat else {})}
 
 

@@ -62,7 +62,8 @@ class Server:
         if body.model != cfg.model_name and body.model not in cfg.aliases:
             raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
                            f"{cfg.model_name!r}", param="model", code="model_not_found")
-        return body_settings(body, chat, Defaults(cfg.method, cfg.draft_model, cfg.heads))
+        return body_settings(body, chat, Defaults(cfg.method, cfg.draft_model, cfg.heads,
+                                                  tool_format=cfg.tool_format))
 
     def prepare(self, prompt, settings: dict, seeds: list[int]) -> list[Prepared]:
         """longspec's checks, the prompt tokenized (once), its grammar compiled: each choice's

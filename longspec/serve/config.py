@@ -37,3 +37,4 @@ class ServeConfig:
     default_max_tokens: int = 4096
     draft_model: Model | None = None  # given to methods that need one
     heads: str | None = None          # given to methods that take heads
+    tool_format: str | None = None    # how the model writes tool calls; None: its template's
