@@ -102,7 +102,10 @@ class Stream:
         self.prediction = ready.prediction
         self.tools = ready.tools
         tok, r, stop, prompt_ids = model.tokenizer, ready.request, engine.stop, ready.prompt_ids
-        self._text = (TextStream(tok, prompt_ids[-4:], stop.stop_strings, r.keep_special,
+        # the text keeps the markers of the format's calls where they are special tokens
+        self.keep_special = (r.keep_special if self.tools is None or r.keep_special
+                             else self.tools.kept(tok))
+        self._text = (TextStream(tok, prompt_ids[-4:], stop.stop_strings, self.keep_special,
                                  r.include_stop) if tok is not None else None)
         self.resumed_text = ""
         if self._text is not None and self.resumed:
@@ -168,7 +171,7 @@ class Stream:
         stop, r, tok = self.engine.stop, self.request, self.model.tokenizer
         text = ""
         if tok is not None:
-            text = decode(tok, token_ids, r.keep_special)
+            text = decode(tok, token_ids, self.keep_special)
             if stop.by_string and not r.include_stop:
                 text = cut_at_stop(text, stop.stop_strings)
         reason = (stop.reason or "length") if finished else "interrupted"

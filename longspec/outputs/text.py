@@ -24,13 +24,23 @@ def read_text_file(path: str | Path, what: str) -> str:
         raise ValueError(f"{what} {str(path)!r} is not UTF-8 text") from None
 
 
-def decode(tokenizer, ids: list[int], keep_special: bool) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=not keep_special)
+def decode(tokenizer, ids: list[int], keep_special: bool | frozenset[int]) -> str:
+    """The text of `ids` with every special token kept, none, or these ones (a tool call's
+    marker that the vocabulary holds as a special token, as Mistral's [TOOL_CALLS])."""
+    if isinstance(keep_special, bool):
+        return tokenizer.decode(ids, skip_special_tokens=not keep_special)
+    pieces, start = [], 0
+    for i, token in enumerate(ids):
+        if token in keep_special:
+            pieces += [tokenizer.decode(ids[start:i], skip_special_tokens=True),
+                       tokenizer.decode([token])]
+            start = i + 1
+    return "".join(pieces) + tokenizer.decode(ids[start:], skip_special_tokens=True)
 
 
 class Detokenizer:
     def __init__(self, tokenizer, prompt_tail: list[int] | None = None,
-                 keep_special: bool = False):
+                 keep_special: bool | frozenset[int] = False):
         self.tokenizer = tokenizer
         self.keep_special = keep_special
         self.ids: list[int] = list(prompt_tail or [])   # context, then tokens not yet released
@@ -64,7 +74,7 @@ class TextStream:
     back until the next tokens settle it."""
 
     def __init__(self, tokenizer, prompt_tail: list[int], stop_strings: list[str],
-                 keep_special: bool, include_stop: bool):
+                 keep_special: bool | frozenset[int], include_stop: bool):
         self.detok = Detokenizer(tokenizer, prompt_tail, keep_special)
         self.stops = [] if include_stop else stop_strings
         self.hold = max((len(s) for s in self.stops), default=1) - 1

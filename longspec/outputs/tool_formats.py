@@ -94,6 +94,10 @@ class ToolFormat(ABC):
     def call_id(self) -> str:
         return "call_" + uuid.uuid4().hex[:24]
 
+    def kept(self, tokenizer) -> frozenset[int]:
+        """The special tokens a text keeps for these calls to be read back from it."""
+        return frozenset()
+
 
 @dataclass(frozen=True)
 class Marked(ToolFormat):
@@ -164,6 +168,10 @@ class Marked(ToolFormat):
             return openai_call(call["name"], call.get(self.json_key, {}), self.call_id())
         except (json.JSONDecodeError, KeyError, TypeError):
             return None
+
+    def kept(self, tokenizer):
+        found = [marker(tokenizer, text) for text in (self.open, self.close) if text]
+        return frozenset(int(m[2:-2]) for m in found if m.startswith("<["))
 
     def held_back(self, text):
         start = text.find(self.open)
