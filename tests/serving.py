@@ -1,16 +1,39 @@
-"""A longspec server on a free loopback port in a background thread, and a raw HTTP helper."""
+"""A longspec server on a free loopback port in a background thread, a raw HTTP helper, and the
+demo model with a chat template."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import socket
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 
+import longspec
 from longspec.serve import ServeConfig, create_app
+
+# a chat template that takes tools and writes calls as Hermes-style blocks (as Qwen2.5's does)
+TEMPLATE = (
+    "{% if tools %}<|endoftext|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
+    "\nCall one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call>\n{% endif %}"
+    "{% for m in messages %}<|endoftext|>{{ m['role'] }}\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n{\"name\": \""
+    "{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n"
+    "</tool_call>\n{% endfor %}{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
+
+
+def demo_chat(out: Path, template: str = TEMPLATE) -> Path:
+    """A copy of the demo model at `out` whose tokenizer has this chat template."""
+    shutil.copytree(longspec.demo_path("demo"), out)
+    cfg_path = out / "tokenizer_config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()),
+                                    "chat_template": template}))
+    return out
 
 
 class ServerThread:

@@ -2,11 +2,11 @@
 the CLI's prompt sources, on a copy of the demo model given a chat template."""
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
+from serving import demo_chat
 from transformers import AutoTokenizer
 
 import longspec
@@ -22,13 +22,7 @@ MESSAGES = [{"role": "system", "content": "Write Python."},
 
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("chat") / "demo-chat"
-    shutil.copytree(longspec.demo_path("demo"), out)
-    cfg_path = out / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = TEMPLATE
-    cfg_path.write_text(json.dumps(cfg))
-    return out
+    return demo_chat(tmp_path_factory.mktemp("chat") / "demo-chat", TEMPLATE)
 
 
 @pytest.fixture(scope="module")

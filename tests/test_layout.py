@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "longspec"
 # bottom to top; "longspec" is the top-level package's own modules (the Python API)
 LAYERS = ["zoo", "device", "cache", "state", "step", "models", "heads", "outputs", "sampling",
-          "drafters", "engine", "longspec", "openai_api", "serve", "jobs", "training", "bench",
-          "cli"]
+          "drafters", "engine", "longspec", "openai_api", "anthropic_api", "serve", "jobs",
+          "training", "bench", "cli"]
 
 
 def package_of(module: str) -> str:

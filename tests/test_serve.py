@@ -4,7 +4,6 @@ held to a grammar (OpenAI's response_format, the client's `parse`, vLLM's struct
 bad requests get OpenAI-style 4xx errors; dropped clients free the worker; metrics count."""
 
 import json
-import shutil
 import sys
 import threading
 import time
@@ -13,20 +12,11 @@ from pathlib import Path
 import openai
 import pydantic
 import pytest
-from serving import ServerThread
+from serving import ServerThread, demo_chat
 
 import longspec
 from longspec.serve import ServeConfig, default_method
 
-# a chat template that takes tools and writes calls as Hermes-style blocks (as Qwen2.5's does)
-TEMPLATE = (
-    "{% if tools %}<|endoftext|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}"
-    "\nCall one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call>\n{% endif %}"
-    "{% for m in messages %}<|endoftext|>{{ m['role'] }}\n"
-    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n{\"name\": \""
-    "{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n"
-    "</tool_call>\n{% endfor %}{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
     "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
@@ -51,13 +41,7 @@ SAMPLED_SETTINGS = {"sampling": longspec.SamplingConfig(temperature=0.8, top_p=0
 
 @pytest.fixture(scope="module")
 def chat_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("serve") / "demo-chat"
-    shutil.copytree(longspec.demo_path("demo"), out)
-    cfg_path = out / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = TEMPLATE
-    cfg_path.write_text(json.dumps(cfg))
-    return out
+    return demo_chat(tmp_path_factory.mktemp("serve") / "demo-chat")
 
 
 @pytest.fixture(scope="module")

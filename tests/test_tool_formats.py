@@ -5,11 +5,10 @@ Mistral-style template on tiny models, calls the OpenAI client parses (tool_choi
 auto), token for token those of plain decoding."""
 
 import json
-import shutil
 
 import openai
 import pytest
-from serving import ServerThread
+from serving import ServerThread, demo_chat
 
 import longspec
 from longspec.outputs.grammar import GrammarState
@@ -72,10 +71,7 @@ WRITTEN = {
 def chat_model(tmp_path_factory, template: str, special: str | None = None):
     """The demo model with this chat template; `special`: a marker the vocabulary holds as one
     special token (as Mistral's holds [TOOL_CALLS])."""
-    out = tmp_path_factory.mktemp("formats") / "chat"
-    shutil.copytree(longspec.demo_path("demo"), out)
-    cfg = json.loads((out / "tokenizer_config.json").read_text())
-    (out / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    out = demo_chat(tmp_path_factory.mktemp("formats") / "chat", template)
     if special is not None:     # the last id's token (the last merge's) gives its id up
         tok = json.loads((out / "tokenizer.json").read_text())
         bpe = tok["model"]

@@ -38,7 +38,9 @@ from ..openai_api.schemas import ChatBody, CompletionBody, GenerationBody
 from ..openai_api.translate import Defaults, body_settings
 from ..request import MAX_SEED, Prepared, prepare_request
 from .config import ServeConfig
+from .messages import add_messages_routes, anthropic_error, on_messages
 from .metrics import PROMETHEUS_TYPE, ApiKeyMiddleware, Metrics, MetricsMiddleware
+from .responses_routes import add_responses_routes
 from .worker import Finished, Job, QueueFull, Worker
 
 POLL_S = 0.25       # how often a waiting handler looks at its client and its deadline
@@ -261,15 +263,21 @@ def create_app(model: Model, config: ServeConfig) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
+        if on_messages(request):
+            return anthropic_error(exc.status, exc.message, exc.headers)
         return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request, exc: RequestValidationError):
         message, param = _validation_message(exc)
+        if on_messages(request):
+            return anthropic_error(400, message)
         return JSONResponse(error_body(message, "invalid_request_error", param), 400)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, exc: HTTPException):
+        if on_messages(request):
+            return anthropic_error(exc.status_code, str(exc.detail), exc.headers)
         return JSONResponse(error_body(str(exc.detail), "invalid_request_error"),
                             status_code=exc.status_code, headers=exc.headers)
 
@@ -286,6 +294,9 @@ def create_app(model: Model, config: ServeConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatBody):
         return await server.generate(request, body, chat=True)
+
+    add_responses_routes(app, server)
+    add_messages_routes(app, server)
 
     @app.get("/metrics")
     async def prometheus():

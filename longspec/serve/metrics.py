@@ -21,11 +21,13 @@ from prometheus_client import (
 )
 from starlette.responses import JSONResponse
 
+from ..anthropic_api.messages import error_body as anthropic_error_body
 from ..api import GenerationResult
 from ..openai_api.responses import cached_tokens, error_body
 from ..state.prompt_cache import PromptCache
 
-ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics", "/health")
+ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses",
+             "/v1/messages", "/v1/messages/count_tokens", "/metrics", "/health")
 # a long generation takes minutes: buckets up to the default request timeout
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
 
@@ -108,22 +110,26 @@ class MetricsMiddleware:
 
 
 class ApiKeyMiddleware:
-    """With a key set, every /v1 route needs `Authorization: Bearer KEY` (/health and /metrics
-    stay open, for probes and scrapers on the operator's side)."""
+    """With a key set, every /v1 route needs `Authorization: Bearer KEY` or, as Anthropic's
+    clients send it, `x-api-key: KEY` (/health and /metrics stay open, for probes and scrapers
+    on the operator's side). The refusal of a Messages API route is in Anthropic's shape."""
 
     def __init__(self, app, api_key: str | None):
         self.app = app
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.key = None if api_key is None else api_key.encode()
 
     async def __call__(self, scope, receive, send):
-        if (self.expected is not None and scope["type"] == "http"
-                and scope["path"].startswith("/v1")):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                what = "wrong" if given else "missing"
-                body = error_body(f"the API key is {what}: send the header 'Authorization: "
-                                  "Bearer KEY' with the server's --api-key",
-                                  "invalid_request_error", code="invalid_api_key")
+        if self.key is not None and scope["type"] == "http" and scope["path"].startswith("/v1"):
+            headers = dict(scope["headers"])
+            bearer, key = headers.get(b"authorization"), headers.get(b"x-api-key")
+            if not (hmac.compare_digest(bearer or b"", b"Bearer " + self.key)
+                    or hmac.compare_digest(key or b"", self.key)):
+                what = "missing" if bearer is None and key is None else "wrong"
+                message = (f"the API key is {what}: send the header 'Authorization: Bearer KEY' "
+                           "(or 'x-api-key: KEY') with the server's --api-key")
+                body = (anthropic_error_body(401, message)
+                        if scope["path"].startswith("/v1/messages") else
+                        error_body(message, "invalid_request_error", code="invalid_api_key"))
                 response = JSONResponse(body, status_code=401,
                                         headers={"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send)
