@@ -8,9 +8,11 @@ One process, the runs of each pair side by side, medians of `--repeats`.
 
 `--edit MODULE`: a standard-library module edited through the server in a chat of two turns
 (the first turn asks for predicted_outputs.py's rename, the second for another function
-renamed in the answer), each `auto` request with the file it edits as its prediction, timed
-end to end by the client, prefill included: `ar` then `auto`, each from a cleared model state,
-its second turn reusing its first turn's prompt and answer from the prompt cache.
+renamed in the answer), each `auto` request with the file it edits as its prediction, streamed
+and timed by the client to the first text and to the end, prefill included: `ar` then `auto`,
+each from a cleared model state, its second turn reusing its first turn's prompt and answer
+from the prompt cache; `--api messages` sends the turns through Anthropic's Messages API
+(an agent's loop), the prediction as its extension field.
 
 `--llama-cpp`: the Python pair with llama.cpp (llama-cpp-python) on the same GGUF file and
 token ids instead, in a process of its own: its `generate` keeps the last sequence's keys and
@@ -19,6 +21,7 @@ values and evaluates only what follows their common prefix (cold: after `reset()
     python benchmarks/prompt_cache.py --model smollm2 --prefix 2048 --out result.json
     python benchmarks/prompt_cache.py --model smollm2 --prefix 2048 --llama-cpp
     python benchmarks/prompt_cache.py --model qwen-coder-1.5b --edit colorsys --out edit.json
+    python benchmarks/prompt_cache.py --model qwen-coder-1.5b --edit fnmatch --api messages
 """
 
 from __future__ import annotations
@@ -148,23 +151,36 @@ class Server:
         conn.close()
         return first, tokens, cached
 
-    def chat(self, messages: list[dict], prediction: str, method: str, max_tokens: int
-             ) -> tuple[float, dict]:
-        """Seconds from the request to the whole response, and the response."""
+    def turn(self, api: str, messages: list[dict], prediction: str, method: str,
+             max_tokens: int) -> dict:
+        """One turn of an edit through the chat endpoint or the Messages API (`api`: "chat"
+        or "messages"), streamed: seconds from the request to the first text and to the end,
+        the tokens, the text, and the prompt's tokens and those the prompt cache held."""
         body = {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                "method": method, "return_token_ids": True}
+                "method": method, "return_token_ids": True, "stream": True}
         if method != "ar":         # plain decoding takes no prediction
             body["prediction"] = {"type": "content", "content": prediction}
+        if api == "chat":
+            body["stream_options"] = {"include_usage": True}
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
         begin = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                     {"Content-Type": "application/json"})
-        answer = json.loads(conn.getresponse().read())
-        seconds = time.perf_counter() - begin
+        conn.request("POST", "/v1/chat/completions" if api == "chat" else "/v1/messages",
+                     json.dumps(body), {"Content-Type": "application/json"})
+        out = {"first_token_s": None, "text": "", "token_ids": []}
+        for raw in conn.getresponse():
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"the server refused the edit: {event['error']['message']}")
+            text = _event_text(api, event, out)
+            if text and out["first_token_s"] is None:
+                out["first_token_s"] = time.perf_counter() - begin
+            out["text"] += text
+        out["seconds"] = time.perf_counter() - begin
         conn.close()
-        if "error" in answer:
-            raise RuntimeError(f"the server refused the edit: {answer['error']['message']}")
-        return seconds, answer
+        return out
 
     def close(self) -> None:
         self.server.should_exit = True
@@ -182,9 +198,28 @@ def server_pair(model, server: Server, prefix: list[int]) -> dict:
             "cached_tokens": cached, "identical": cold_tokens == hit_tokens}
 
 
-def edit_turns(model, server: Server, module: str, max_tokens: int) -> list[dict]:
-    """Both turns of the module's edit, `ar` then `auto` (rows: seconds end to end, tokens,
-    cached tokens, where the answer ended, its distinct-4, identical to `ar`'s)."""
+def _event_text(api: str, event: dict, out: dict) -> str:
+    """The text an event of a streamed turn adds; its token ids and usage kept in `out`."""
+    if api == "chat":
+        if event.get("usage"):
+            out["prompt_tokens"] = event["usage"]["prompt_tokens"]
+            out["cached_tokens"] = event["usage"]["prompt_tokens_details"]["cached_tokens"]
+        for choice in event["choices"]:
+            out["token_ids"] += choice.get("token_ids") or []
+        return "".join(c["delta"].get("content") or "" for c in event["choices"])
+    if event["type"] == "message_delta":
+        usage = event["usage"]
+        out["token_ids"] = event["token_ids"]
+        out["cached_tokens"] = usage["cache_read_input_tokens"]
+        out["prompt_tokens"] = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    delta = event.get("delta") or {}
+    return delta.get("text", "") if delta.get("type") == "text_delta" else ""
+
+
+def edit_turns(model, server: Server, module: str, max_tokens: int, api: str) -> list[dict]:
+    """Both turns of the module's edit, `ar` then `auto` (rows: seconds to the first token and
+    end to end, tokens, cached tokens, where the answer ended, its distinct-4, identical to
+    `ar`'s)."""
     source = inspect.getsource(importlib.import_module(module))
     second_old, second_new = SECOND_RENAMES[module]
     rows, reference = [], {}
@@ -193,24 +228,34 @@ def edit_turns(model, server: Server, module: str, max_tokens: int) -> list[dict
         messages = [{"role": "user", "content": edit_prompt(module, source)}]
         prediction = source
         for turn in (1, 2):
-            seconds, answer = server.chat(messages, prediction, method, max_tokens)
-            tokens = answer["choices"][0]["token_ids"]
-            text = answer["choices"][0]["message"]["content"]
-            rows.append({"module": module, "method": method, "turn": turn,
-                         "seconds": round(seconds, 2), "tokens": len(tokens),
-                         "prompt_tokens": answer["usage"]["prompt_tokens"],
-                         "cached_tokens": answer["usage"]["prompt_tokens_details"][
-                             "cached_tokens"],
+            answer = server.turn(api, messages, prediction, method, max_tokens)
+            tokens = answer["token_ids"]
+            rows.append({"module": module, "api": api, "method": method, "turn": turn,
+                         "first_token_s": round(answer["first_token_s"], 2),
+                         "seconds": round(answer["seconds"], 2), "tokens": len(tokens),
+                         "prompt_tokens": answer["prompt_tokens"],
+                         "cached_tokens": answer["cached_tokens"],
                          "answer_end": answer_end(tokens, model.eos_token_ids),
                          "distinct_4": round(distinct_n(tokens, 4), 2),
                          "identical": reference.setdefault(turn, tokens) == tokens})
             print(json.dumps(rows[-1]), flush=True)
             messages = messages + [
-                {"role": "assistant", "content": text},
+                {"role": "assistant", "content": answer["text"]},
                 {"role": "user", "content": f"Now also rename `{second_old}` to `{second_new}` "
                  "wherever it appears. Return the whole module again, nothing else."}]
-            prediction = text
+            prediction = answer["text"]
     return rows
+
+
+def loop_summary(rows: list[dict]) -> dict:
+    """auto over ar end to end (both turns), and each method's second turn's first token as a
+    share of its first turn's."""
+    seconds = {m: sum(r["seconds"] for r in rows if r["method"] == m) for m in ("ar", "auto")}
+    first = {(r["method"], r["turn"]): r["first_token_s"] for r in rows}
+    return {"auto_over_ar": round(seconds["ar"] / seconds["auto"], 2),
+            "second_first_token_share": {m: round(first[m, 2] / first[m, 1], 4)
+                                         for m in ("ar", "auto")},
+            "identical": all(r["identical"] for r in rows)}
 
 
 def summary(runs: list[dict]) -> dict:
@@ -230,6 +275,8 @@ def main() -> None:
     p.add_argument("--edit", metavar="MODULE", help=f"instead: the edit in two turns of one "
                    f"of {', '.join(RENAMES)}")
     p.add_argument("--max-tokens", type=int, default=3000, help="of an edit's answer")
+    p.add_argument("--api", choices=("chat", "messages"), default="chat", help="the edit's "
+                   "endpoint: chat completions, or Anthropic's Messages API")
     p.add_argument("--llama-cpp", action="store_true", help="instead: llama.cpp's side")
     p.add_argument("--out", help="write the results as JSON here too")
     args = p.parse_args()
@@ -237,12 +284,14 @@ def main() -> None:
     print(f"kernel profile: {model.profile.describe()}", flush=True)
     if args.edit:
         server = Server(model)
-        rows = edit_turns(model, server, args.edit, args.max_tokens)
+        rows = edit_turns(model, server, args.edit, args.max_tokens, args.api)
         server.close()
+        loop = loop_summary(rows)
+        print(f"loop: {json.dumps(loop)}")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"model": args.model, "profile": model.profile.describe(),
-                           "rows": rows}, f, indent=1)
+                           "rows": rows, "loop": loop}, f, indent=1)
         return
     text = default_prompt_text()
     prefix = encode_prompt(model, text)[:args.prefix]
