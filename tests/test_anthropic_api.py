@@ -134,7 +134,9 @@ def test_a_stream_holds_back_a_call_and_sends_it_as_a_tool_use_block():
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("setting", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+# sampled: in the slow tier, with test_endpoints_exact.py's every method sampled
+@pytest.mark.parametrize("setting", [pytest.param(GREEDY, id="greedy"),
+                                      pytest.param(SAMPLED, id="sampled", marks=pytest.mark.slow)])
 def test_a_message_is_token_identical_to_generate_under_speculation(client, model, setting,
                                                                      stream):
     body, settings = setting

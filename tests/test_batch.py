@@ -82,7 +82,7 @@ def test_a_finished_job_run_again_writes_nothing(tmp_path, reference):
 # (--max-batch, the line whose sidecar is watched, the tokens it has when the job is killed):
 # inside the third line, which joined the batch as the second ended; and once the line
 # "imports" (24 tokens) ended, before the first line, which is written first, has
-KILLS = [(2, 3, 10), (4, 2, 24)]
+KILLS = [(2, 3, 10), pytest.param(4, 2, 24, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("max_batch,line,tokens", KILLS)

@@ -31,6 +31,7 @@ def test_roofline_arithmetic():
     assert abs(roofline_ms(100_000_000, 1000, 1000, 10e9) - 10.1) < 1e-9
 
 
+@pytest.mark.slow      # keeps the fast tier under five minutes
 def test_bench_writes_results_table_and_plots(tmp_path, capsys):
     code = main(["bench", "demo", "--methods", "ar,pld,recycling[max_nodes=8],hf,hf-assisted",
                  "--gen-lens", "8,16", "--prompt-len", "64", "--out", str(tmp_path),

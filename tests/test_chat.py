@@ -87,6 +87,7 @@ def test_streamed_text_adds_up_to_the_result_text_with_a_stop_string(model, meth
     assert streamed == s.result.text == ref.text[:ref.text.index(stop)]
 
 
+@pytest.mark.slow      # keeps the fast tier under five minutes
 def test_cli_chat_system_and_prompt_from_stdin(chat_dir):
     proc = subprocess.run(
         [sys.executable, "-m", "longspec.cli", "generate", str(chat_dir), "--prompt-file", "-",

@@ -52,7 +52,7 @@ def test_eagle_training_lowers_held_out_loss_and_round_trips(tiny_model, text_fi
     assert not (tmp_path / "eagle.checkpoint.pt").exists()
 
 
-@pytest.mark.parametrize("kind", ["eagle", "heads"])
+@pytest.mark.parametrize("kind", [pytest.param("eagle", marks=pytest.mark.slow), "heads"])
 def test_interrupted_training_continues_to_the_same_weights(tiny_model, text_file, tmp_path,
                                                             kind):
     cfg = DrafterTraining(kind=kind, steps=6, checkpoint_every=2, **TINY)
@@ -67,6 +67,7 @@ def test_interrupted_training_continues_to_the_same_weights(tiny_model, text_fil
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow      # keeps the fast tier under five minutes
 def test_training_in_bfloat16_learns_and_says_so(tiny_model, text_file, tmp_path):
     cfg = DrafterTraining(kind="eagle", steps=12, lr=1e-2, precision="bfloat16", **TINY)
     record = train_drafter(tiny_model, [text_file], cfg, out=tmp_path, progress=False)
@@ -156,6 +157,7 @@ def test_training_needs_a_tokenizer(tiny_model_dir, text_file):
         train_drafter(model, [text_file], DrafterTraining(steps=1, **TINY), progress=False)
 
 
+@pytest.mark.slow      # keeps the fast tier under five minutes
 def test_ctrl_c_leaves_a_checkpoint_that_continues_the_run(tiny_model, text_file, tmp_path,
                                                            monkeypatch):
     from longspec.training import drafters as train
@@ -180,6 +182,7 @@ def test_ctrl_c_leaves_a_checkpoint_that_continues_the_run(tiny_model, text_file
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow      # keeps the fast tier under five minutes
 def test_eagle_with_a_draft_vocabulary_learns_guesses_only_frequent_tokens_and_is_exact(
         tiny_model, text_file, tmp_path):
     cfg = DrafterTraining(kind="eagle", steps=12, lr=1e-2, draft_vocab=24, **TINY)
@@ -311,6 +314,7 @@ def test_training_time_test_lowers_held_out_loss_at_depth_2(tiny_model, text_fil
     assert losses[3] < losses[1]
 
 
+@pytest.mark.slow      # keeps the fast tier under five minutes
 def test_eagle_report_gives_acceptance_per_depth(tiny_model, text_file, tmp_path, capsys,
                                                 monkeypatch):
     from longspec.cli import train as train_cli

@@ -53,6 +53,7 @@ def test_sharegpts_head_is_staged_whole_and_unpacked_where_longspec_reads_it(tmp
     assert 0 < len(kept) < len(records)
 
 
+@pytest.mark.slow      # keeps the fast tier under five minutes
 def test_a_part_that_fails_is_reported_and_the_others_still_run(tmp_path):
     out = tmp_path / "check.json"
     # a model that is not there: part a fails, part b runs after it (and fails too)

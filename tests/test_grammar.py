@@ -88,7 +88,7 @@ def test_forced_tokens_are_verified_as_drafts():
     assert grammar["accepted"] == res.stats["accepted_forced_tokens"]
 
 
-@pytest.mark.parametrize("together", [False, True])
+@pytest.mark.parametrize("together", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_constrained_generations_in_a_batch_match_each_alone(together, monkeypatch):
     """In a batch, each member judged alone and, as on CUDA, all members' rows at once
     (batching.samples_together; a shared sampling setting), free text beside them."""

@@ -97,6 +97,7 @@ def test_bad_predictions_are_refused(model):
     assert "prediction" not in out.stats
 
 
+@pytest.mark.slow      # keeps the fast tier under five minutes
 def test_cli_prediction_file(tmp_path, model):
     ref = longspec.generate(model, PROMPT, max_new_tokens=48, method="ar", ignore_eos=True,
                             **GREEDY)

@@ -63,7 +63,9 @@ def streamed(events) -> tuple[str, object]:
     return "".join(e.delta for e in events if e.type == "response.output_text.delta"), events[-1]
 
 
-@pytest.mark.parametrize("settings", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+# sampled: in the slow tier, with test_endpoints_exact.py's every method sampled
+@pytest.mark.parametrize("settings", [pytest.param(GREEDY, id="greedy"),
+                                      pytest.param(SAMPLED, id="sampled", marks=pytest.mark.slow)])
 def test_a_response_whole_or_streamed_is_plain_decodings_under_speculation(client, model,
                                                                            settings):
     asked, library = settings

@@ -172,7 +172,7 @@ BEGINS = {"llama3_json": 91, "mistral": SPECIAL}
 
 
 @pytest.mark.parametrize("choice", ["required", "auto"])
-@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("sampled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_served_calls_are_parsed_by_the_client_and_equal_plain_decoding(served, choice,
                                                                         sampled):
     model, client = served
