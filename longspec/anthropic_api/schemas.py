@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..openai_api.schemas import GenerationBody, Prediction
+from ..openai_api.schemas import GenerationBody, Prediction, unknown_fields, unsupported_field
 
 # Anthropic's fields that do not change the output: accepted and ignored
 NEUTRAL = ("metadata", "service_tier", "container", "cache_control", "diagnostics",
@@ -103,15 +103,11 @@ class CountTokensBody(_Extensions):
 
     def unsupported(self) -> tuple[str, object] | None:
         """The first field set to a value longspec cannot honour, with that value."""
-        extra = self.model_extra or {}
-        for name, neutral in UNSUPPORTED.items():
-            if name in extra and not any(extra[name] == v for v in neutral):
-                return name, extra[name]
-        return None
+        return unsupported_field(self.model_extra or {}, UNSUPPORTED)
 
     def ignored(self) -> list[str]:
         """The fields that are none of Anthropic's nor longspec's (ignored, and logged)."""
-        return sorted(set(self.model_extra or {}) - set(NEUTRAL) - set(UNSUPPORTED))
+        return unknown_fields(self.model_extra or {}, NEUTRAL, UNSUPPORTED)
 
 
 class MessagesBody(CountTokensBody):

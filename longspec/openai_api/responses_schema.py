@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .responses import APIError
 from .responses_items import input_messages
-from .schemas import ChatBody
+from .schemas import ChatBody, unknown_fields, unsupported_field
 
 # OpenAI's fields that do not change the output here: accepted and ignored (max_tool_calls and
 # image concern built-in tools and images, which longspec has not)
@@ -98,11 +98,10 @@ class ResponsesBody(BaseModel):
 
     def _check(self) -> None:
         """Refuse a field set to what longspec cannot honour, naming it."""
-        extra = self.model_extra or {}
-        for name, neutral in UNSUPPORTED.items():
-            if name in extra and not any(extra[name] == v for v in neutral):
-                raise APIError(400, f"{name}={extra[name]!r} is not supported by longspec; "
-                               "leave it out", param=name)
+        bad = unsupported_field(self.model_extra or {}, UNSUPPORTED)
+        if bad is not None:
+            raise APIError(400, f"{bad[0]}={bad[1]!r} is not supported by longspec; leave it "
+                           "out", param=bad[0])
         reasoning = self.reasoning or {}
         if any(v is not None for k, v in reasoning.items() if k != "effort") or \
                 reasoning.get("effort") not in (None, "none"):
@@ -149,8 +148,7 @@ class ResponsesBody(BaseModel):
 
     def ignored(self) -> list[str]:
         """The fields that are none of OpenAI's nor longspec's (ignored, and logged)."""
-        return sorted(set(self.model_extra or {}) - set(NEUTRAL) - set(UNSUPPORTED)
-                      - set(EXTENSIONS))
+        return unknown_fields(self.model_extra or {}, NEUTRAL, UNSUPPORTED, EXTENSIONS)
 
 
 def _chat_tool(index: int, tool: dict) -> dict:

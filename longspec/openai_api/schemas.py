@@ -37,6 +37,20 @@ STRUCTURED_OUTPUTS = {"json": "json_schema", "regex": "regex", "choice": "choice
                       "grammar": "grammar"}
 
 
+def unsupported_field(extra: dict, unsupported: dict) -> tuple[str, object] | None:
+    """The first of `extra`'s fields (a body's undeclared ones) that `unsupported` names and
+    that holds none of its neutral values, with that value."""
+    for name, neutral in unsupported.items():
+        if name in extra and not any(extra[name] == v for v in neutral):
+            return name, extra[name]
+    return None
+
+
+def unknown_fields(extra: dict, *known) -> list[str]:
+    """`extra`'s fields that none of `known` names (ignored, and logged)."""
+    return sorted(set(extra).difference(*known))
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     include_usage: bool = False
@@ -119,15 +133,11 @@ class GenerationBody(BaseModel):
 
     def unsupported(self) -> tuple[str, object] | None:
         """The first field set to a value longspec cannot honour, with that value."""
-        extra = self.model_extra or {}
-        for name, neutral in UNSUPPORTED.items():
-            if name in extra and not any(extra[name] == v for v in neutral):
-                return name, extra[name]
-        return None
+        return unsupported_field(self.model_extra or {}, UNSUPPORTED)
 
     def ignored(self) -> list[str]:
         """The fields that are none of OpenAI's nor longspec's (ignored, and logged)."""
-        return sorted(set(self.model_extra or {}) - set(NEUTRAL) - set(UNSUPPORTED))
+        return unknown_fields(self.model_extra or {}, NEUTRAL, UNSUPPORTED)
 
 
 class CompletionBody(GenerationBody):
