@@ -1,6 +1,7 @@
 """Read a GGUF file (llama.cpp's format) as a Hugging Face checkpoint would be read: the config
-from its metadata, its tensors dequantized by the `gguf` package and renamed to Hugging Face
-names, and its tokenizer (with the chat template) converted by transformers.
+from its metadata (gguf_file.py reads the file), its tensors dequantized by the `gguf` package
+and renamed to Hugging Face names, and its tokenizer (with the chat template) converted by
+transformers.
 
 Two things differ from a Hugging Face checkpoint besides names:
 - llama.cpp's converter permutes the rows of the q and k projections of the `llama` architecture
@@ -13,6 +14,11 @@ Two things differ from a Hugging Face checkpoint besides names:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +27,11 @@ import torch
 
 from .compiled import int4_mm
 from .config import ModelConfig, config_from_hf
+from .gguf_file import GGUFFile
 from .quant import KERNEL_TYPES, SIXTEEN_TYPES, Blocks, unpermute_rows
+from .sources import longspec_home
+
+log = logging.getLogger(__name__)
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF name -> model_type
 # what longspec reads; the gguf package dequantizes more, but only these are tested here
@@ -42,19 +52,16 @@ EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
             "tokenizer.ggml.eom_token_id")
 
 
-def open_gguf(path: Path):
+def open_gguf(path: Path) -> GGUFFile:
     """The file's reader (metadata parsed, tensors memory-mapped, nothing dequantized yet)."""
-    from gguf import GGUFReader
-
     try:
-        return GGUFReader(path)
-    except (ValueError, OSError, IndexError) as e:
+        return GGUFFile(path)
+    except (ValueError, OSError) as e:
         raise ValueError(f"cannot read {path} as a GGUF file: {e}") from None
 
 
-def metadata(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def metadata(reader: GGUFFile, key: str, default=None):
+    return reader.fields.get(key, default)
 
 
 def hf_name(gguf_name: str) -> str:
@@ -203,14 +210,54 @@ def is_quantized(reader) -> bool:
     return bool(types & set(KERNEL_TYPES)) or bool(types & set(SIXTEEN_TYPES)) and int4_mm()
 
 
-def gguf_tokenizer(reader, path: Path):
+def gguf_tokenizer(reader: GGUFFile, path: Path):
     """transformers' tokenizer converted from the file's vocabulary (with its chat template), or
-    None when the file has no tokenizer."""
+    None when the file has no tokenizer. The conversion (~10 s for a 150K-token vocabulary) is
+    kept under longspec_home()/tokenizers, by the file and the converter's versions, and read
+    back from there by later loads: the tokenizer saved and read again is the same one."""
     if metadata(reader, "tokenizer.ggml.model") is None:
         return None
     from transformers import AutoTokenizer
 
+    kept = _kept_tokenizer(path)
+    if (kept / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(kept))
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("the tokenizer kept in %s does not load (%s): converting it again", kept, e)
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (OSError, ValueError, KeyError, NotImplementedError) as e:
         raise ValueError(f"cannot convert the tokenizer of {path.name}: {e}") from None
+    _keep_tokenizer(tokenizer, kept)
+    return tokenizer
+
+
+def _kept_tokenizer(path: Path) -> Path:
+    """Where the tokenizer converted from this file is kept: named by the file (its path, size
+    and modification time) and the versions of transformers and tokenizers that converted it."""
+    import tokenizers
+    import transformers
+
+    stat = path.stat()
+    key = (f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|"
+           f"{tokenizers.__version__}")
+    return longspec_home() / "tokenizers" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _keep_tokenizer(tokenizer, kept: Path) -> None:
+    """Save the tokenizer where _kept_tokenizer says, whole or not at all (written beside it, then
+    renamed: another process may be keeping the same one); where it cannot be written, loads
+    convert it again."""
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.mkdtemp(dir=kept.parent)
+    except OSError as e:
+        log.info("the converted tokenizer is not kept (%s)", e)
+        return
+    try:
+        tokenizer.save_pretrained(scratch)
+        os.replace(scratch, kept)
+    except OSError as e:
+        log.info("the converted tokenizer is not kept (%s)", e)
+        shutil.rmtree(scratch, ignore_errors=True)
