@@ -177,7 +177,6 @@ class Client:
         return out
 
 
-
 class Server(Client):
     """The model behind `longspec serve`'s app on a free loopback port, in a thread."""
 
@@ -208,9 +207,9 @@ class ServerProcess(Client):
         self.port = sock.getsockname()[1]
         sock.close()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from longspec.cli import main; sys.exit(main())",
-             "serve", model_name, "--served-model-name", self.model_id, "--method", "auto",
-             "--port", str(self.port), "--log-level", "warning"])
+            [sys.executable, "-m", "longspec.cli", "serve", model_name, "--served-model-name",
+             self.model_id, "--method", "auto", "--port", str(self.port), "--log-level",
+             "warning"])
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"longspec serve {model_name} exited "
@@ -270,24 +269,26 @@ def edit_turns(model, name: str, module: str, max_tokens: int, api: str) -> list
         server = ServerProcess(name)
         messages = [{"role": "user", "content": edit_prompt(module, source)}]
         prediction = source
-        for turn in (1, 2):
-            answer = server.turn(api, messages, prediction, method, max_tokens)
-            tokens = answer["token_ids"]
-            rows.append({"module": module, "api": api, "method": method, "turn": turn,
-                         "first_token_s": round(answer["first_token_s"], 2),
-                         "seconds": round(answer["seconds"], 2), "tokens": len(tokens),
-                         "prompt_tokens": answer["prompt_tokens"],
-                         "cached_tokens": answer["cached_tokens"],
-                         "answer_end": answer_end(tokens, model.eos_token_ids),
-                         "distinct_4": round(distinct_n(tokens, 4), 2),
-                         "identical": reference.setdefault(turn, tokens) == tokens})
-            print(json.dumps(rows[-1]), flush=True)
-            messages = messages + [
-                {"role": "assistant", "content": answer["text"]},
-                {"role": "user", "content": f"Now also rename `{second_old}` to `{second_new}` "
-                 "wherever it appears. Return the whole module again, nothing else."}]
-            prediction = answer["text"]
-        server.close()
+        try:
+            for turn in (1, 2):
+                answer = server.turn(api, messages, prediction, method, max_tokens)
+                tokens = answer["token_ids"]
+                rows.append({"module": module, "api": api, "method": method, "turn": turn,
+                             "first_token_s": round(answer["first_token_s"], 2),
+                             "seconds": round(answer["seconds"], 2), "tokens": len(tokens),
+                             "prompt_tokens": answer["prompt_tokens"],
+                             "cached_tokens": answer["cached_tokens"],
+                             "answer_end": answer_end(tokens, model.eos_token_ids),
+                             "distinct_4": round(distinct_n(tokens, 4), 2),
+                             "identical": reference.setdefault(turn, tokens) == tokens})
+                print(json.dumps(rows[-1]), flush=True)
+                messages = messages + [
+                    {"role": "assistant", "content": answer["text"]},
+                    {"role": "user", "content": f"Now also rename `{second_old}` to `{second_new}` "
+                     "wherever it appears. Return the whole module again, nothing else."}]
+                prediction = answer["text"]
+        finally:
+            server.close()
     return rows
 
 

@@ -128,7 +128,9 @@ def test_the_converted_tokenizer_is_kept_and_read_back_the_same(tmp_path, monkey
         third = gguf_module.gguf_tokenizer(gguf_module.open_gguf(path), path)
     assert calls[2:] == ["kept", "converted"] and "converting it again" in caplog.text
     assert third(text)["input_ids"] == first(text)["input_ids"]
+    gguf_module.gguf_tokenizer(gguf_module.open_gguf(path), path)    # kept again, whole
+    assert calls[4:] == ["kept"]
     write_gguf(hf, path, "Q4_0", tokenizer=True)
     model = longspec.load_model(path, dtype="float32", device="cpu")
-    assert calls[4:] == ["converted"] and model.tokenizer(text)["input_ids"] \
+    assert calls[5:] == ["converted"] and model.tokenizer(text)["input_ids"] \
         == first(text)["input_ids"]

@@ -225,6 +225,7 @@ def gguf_tokenizer(reader: GGUFFile, path: Path):
             return AutoTokenizer.from_pretrained(str(kept))
         except (OSError, ValueError, KeyError) as e:
             log.warning("the tokenizer kept in %s does not load (%s): converting it again", kept, e)
+            shutil.rmtree(kept, ignore_errors=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (OSError, ValueError, KeyError, NotImplementedError) as e:

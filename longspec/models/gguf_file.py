@@ -102,11 +102,12 @@ class GGUFFile:
             for _ in range(kv_count):
                 key = header.string()
                 self.fields[key] = header.value(header.number(4))
-            infos = []
+            infos, names = [], set()
             for _ in range(tensor_count):
                 name = header.string()
-                if any(name == info[0] for info in infos):
+                if name in names:
                     raise ValueError(f"tensor {name!r} twice")
+                names.add(name)
                 dims = tuple(header.number(10) for _ in range(header.number(4)))
                 infos.append((name, dims, header.number(4), header.number(10)))
         except (IndexError, UnicodeDecodeError, struct.error) as e:
