@@ -81,6 +81,7 @@ def build_engine(model: Model, ready: Prepared) -> Engine:
                     sizer=sizer)
     engine.done = ready.done
     engine.logprobs_top = r.logprobs
+    engine.early_first_token = r.early_first_token
     engine.check_memory(len(prompt_ids) + len(resumed))
     return engine
 

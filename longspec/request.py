@@ -78,6 +78,10 @@ class Request:
     parallel_tool_calls: bool = True          # False: one call at most (OpenAI's)
     # the format the model writes calls in (outputs/tool_formats.py); None: the chat template's
     tool_format: str | None = None
+    # the first step verifies the prompt's last token alone (for a method whose drafter can
+    # skip a step): the first new token as soon as `ar`'s, one step more in all (a stream's
+    # first text; the server's streamed replies)
+    early_first_token: bool = False
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -126,7 +130,8 @@ def checked_settings(r: Request) -> tuple[int, int, SamplingConfig]:
         if r.resume_from is not None:
             raise ValueError("logprobs cover the tokens a run writes: they do not combine with "
                              "resume_from")
-    for flag in ("ignore_eos", "keep_special", "include_stop", "parallel_tool_calls"):
+    for flag in ("ignore_eos", "keep_special", "include_stop", "parallel_tool_calls",
+                 "early_first_token"):
         if not isinstance(getattr(r, flag), bool):
             raise TypeError(f"{flag} must be True or False")
     return n, seed, sampling.validate()

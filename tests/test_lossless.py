@@ -146,3 +146,40 @@ def test_tokenswift_drafting_from_the_verify_pass_matches_ar():
                             method="tokenswift", sampling=SETTINGS[setting], seed=3,
                             ignore_eos=True, options={"draft_pass": "verify"})
     assert tuple(res.token_ids) == reference("transformers", setting, LONG_NEW_TOKENS)
+
+
+@pytest.mark.parametrize("method", [pytest.param(m, marks=[] if m == "auto" else [pytest.mark.slow])
+                                    for m in METHODS])
+def test_an_early_first_token_keeps_plain_decodings_tokens(method, drafter):
+    """early_first_token: a drafter that can skip a step (`plain_steps`) has its first step
+    verify the prompt's last token alone, one token; every method's tokens stay `ar`'s."""
+    target, draft = models()
+    name = method.split("[")[0]
+    s = longspec.stream(target, prompts()["tqdm"], max_new_tokens=NEW_TOKENS, method=name,
+                        sampling=SETTINGS["sampling_min_p_penalty"], seed=3, ignore_eos=True,
+                        draft_model=(draft if longspec.METHODS[name].needs_draft_model
+                                     or method == "auto[draft]" else None),
+                        heads=drafter, options=OPTIONS.get(method), early_first_token=True)
+    chunks = [chunk.token_ids for chunk in s]
+    assert [t for ids in chunks for t in ids] == list(reference("tqdm", "sampling_min_p_penalty"))
+    if s.engine.drafter.plain_steps:
+        assert len(chunks[0]) == 1
+
+
+def test_an_early_first_token_is_one_steps_where_the_first_draft_holds_many():
+    """With its own output as the prediction, `auto`'s first step commits many tokens; asked
+    for an early first token, one, and the next step the rest of its draft."""
+    target, _ = models()
+    expect = list(reference("tqdm", "greedy_penalty"))
+
+    def chunks(early: bool) -> list[list[int]]:
+        s = longspec.stream(target, prompts()["tqdm"], max_new_tokens=NEW_TOKENS, method="auto",
+                            sampling=SETTINGS["greedy_penalty"], seed=3, ignore_eos=True,
+                            prediction=expect, options=OPTIONS["auto[fixed]"],
+                            early_first_token=early)
+        got = [chunk.token_ids for chunk in s]
+        assert [t for ids in got for t in ids] == expect
+        return got
+
+    late, early = chunks(False), chunks(True)
+    assert len(late[0]) > 1 and len(early[0]) == 1 and len(early[1]) > 1

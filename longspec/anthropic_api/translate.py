@@ -57,7 +57,7 @@ def chat_body(body: CountTokensBody) -> ChatBody:
     fields = {**body.model_dump(include=set(EXTENSIONS)), "model": body.model,
               "messages": system + [m for i, turn in enumerate(body.messages)
                                     for m in _turn(turn, f"messages.{i}")],
-              "max_tokens": body.max_tokens, "stop": body.stop_sequences,
+              "max_tokens": body.max_tokens, "stop": body.stop_sequences, "stream": body.stream,
               "temperature": body.temperature, **_tools(body), **_output(body)}
     if body.prediction is not None:
         fields["prediction"] = ({"type": "content", "content": body.prediction}

@@ -223,8 +223,8 @@ class Batch:
         started, measured = time.perf_counter(), cost.measuring_s
         drafting = alone or self.gate.choose()
         sure = not drafting and self.sure.choose()
-        drafts = [guarded(failed, e, lambda e=e: e.draft() if drafting or not e.drafter
-                           .plain_steps else self._plain_step(e, sure)) for e in engines]
+        drafts = [guarded(failed, e, lambda e=e: self._proposal(e, drafting, sure))
+                  for e in engines]
         engines, drafts = alive(failed, engines, drafts)
         left = [e.max_new_tokens - e.stats.new_tokens for e in engines]
         plans, sizing = size_trees(engines, drafts, cost, left, failed, self.closed)
@@ -310,6 +310,17 @@ class Batch:
             return sum(len(new) for new in news)
         end = max(n - len(new) for n, new in zip(left, news))
         return (max(left) - end) * len(news)
+
+    def _proposal(self, e: Engine, drafting: bool, sure: bool) -> tuple[DraftTree, float]:
+        """The member's tree for this step and the seconds it took: its drafter's, or, in a
+        step the batch takes plain and on a generation's first step when its first token is
+        asked early (Engine.early_first_token), its root alone, where its drafter can skip a
+        step (`plain_steps`)."""
+        if not e.drafter.plain_steps:
+            return e.draft()
+        if e.early_first_token and e.stats.new_tokens == 0:
+            return self._plain_step(e, False)
+        return e.draft() if drafting else self._plain_step(e, sure)
 
     @staticmethod
     def _plain_step(e: Engine, sure: bool) -> tuple[DraftTree, float]:

@@ -73,6 +73,8 @@ class Engine:
         # alternatives, when asked for (None: not)
         self.logprobs_top: int | None = None
         self.logprobs: list[dict] = []
+        # the first step plain where the drafter can skip one (Request.early_first_token)
+        self.early_first_token = False
 
     # -- set-up ---------------------------------------------------------------------------------
 

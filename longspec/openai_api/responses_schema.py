@@ -90,7 +90,7 @@ class ResponsesBody(BaseModel):
         return ChatBody.model_validate({
             "model": self.model, "messages": messages,
             "max_completion_tokens": self.max_output_tokens,
-            "temperature": self.temperature, "top_p": self.top_p,
+            "temperature": self.temperature, "top_p": self.top_p, "stream": self.stream,
             "tools": tools or None, "tool_choice": choice,
             "parallel_tool_calls": self.parallel_tool_calls,
             "response_format": None if forced else response_format,

@@ -89,6 +89,7 @@ def body_settings(body: GenerationBody, chat: bool, defaults: Defaults) -> tuple
         "draft_model": defaults.draft_model if spec and spec.needs_draft_model else None,
         "heads": defaults.heads if spec and spec.needs_heads else None,
         "prediction": prediction, "logprobs": logprobs, "logit_bias": body.logit_bias,
+        "early_first_token": body.stream,
         **constraint, **({"tools": body.tools, "tool_choice": body.tool_choice,
                           "parallel_tool_calls": body.parallel_tool_calls is not False,
                           "tool_format": defaults.tool_format}
