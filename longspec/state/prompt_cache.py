@@ -96,10 +96,12 @@ class PromptCache:
             self._touch([block for block, _ in pieces])
             if n == 0:
                 return 0
-            kv = torch.cat([block.kv[:, :, :, :used] for block, used in pieces], dim=3)
-        for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
-            k[:, :n].copy_(kv[layer, 0])
-            v[:, :n].copy_(kv[layer, 1])
+            # a layer at a time: one buffer of all layers (the prefix's size, ~100 MB for 3.5K
+            # tokens of a 1.5B model) took 150-190 ms on its fresh pages, a layer's 27 ms in all
+            for layer, (k, v) in enumerate(zip(cache.k, cache.v)):
+                kv = torch.cat([block.kv[layer, :, :, :used] for block, used in pieces], dim=2)
+                k[:, :n].copy_(kv[0])
+                v[:, :n].copy_(kv[1])
         cache.commit(n)
         return n
 
