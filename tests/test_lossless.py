@@ -166,20 +166,22 @@ def test_an_early_first_token_keeps_plain_decodings_tokens(method, drafter):
         assert len(chunks[0]) == 1
 
 
-def test_an_early_first_token_is_one_steps_where_the_first_draft_holds_many():
-    """With its own output as the prediction, `auto`'s first step commits many tokens; asked
-    for an early first token, one, and the next step the rest of its draft."""
+def test_an_early_first_token_is_a_step_of_one_row():
+    """`auto` drafting every step at a fixed size verifies a tree in its first step; asked for
+    an early first token, the prompt's last token alone, and trees from the next step on."""
     target, _ = models()
-    expect = list(reference("tqdm", "greedy_penalty"))
 
-    def chunks(early: bool) -> list[list[int]]:
-        s = longspec.stream(target, prompts()["tqdm"], max_new_tokens=NEW_TOKENS, method="auto",
+    def rows(early: bool) -> tuple[int, int]:
+        s = longspec.stream(target, prompts()["tqdm"], max_new_tokens=8, method="auto",
                             sampling=SETTINGS["greedy_penalty"], seed=3, ignore_eos=True,
-                            prediction=expect, options=OPTIONS["auto[fixed]"],
-                            early_first_token=early)
-        got = [chunk.token_ids for chunk in s]
-        assert [t for ids in got for t in ids] == expect
-        return got
+                            options={**FIXED, "gate": "off"}, early_first_token=early)
+        steps = iter(s)
+        next(steps)
+        first = s.engine.stats.verified_nodes
+        next(steps)
+        second = s.engine.stats.verified_nodes - first
+        s.close()
+        return first, second
 
-    late, early = chunks(False), chunks(True)
-    assert len(late[0]) > 1 and len(early[0]) == 1 and len(early[1]) > 1
+    (late, _), (early, after) = rows(False), rows(True)
+    assert late > 1 and early == 1 and after > 1
