@@ -218,7 +218,8 @@ def generate(model: Model, prompt, *, progress: bool = False, **settings) -> Gen
     `suffix` draft from; stats["prediction"] counts its accepted and rejected tokens),
     json_schema / regex / grammar / choice / response_format (the output held to a grammar:
     outputs/grammar.py), logprobs (each new token's log probability and that many
-    alternatives'), logit_bias, tools and tool_choice (outputs/tools.py: the result's tool_calls).
+    alternatives'), logit_bias, tools and tool_choice (outputs/tools.py: the result's tool_calls),
+    early_first_token (the first step plain: the first token as soon as `ar`'s).
     Every method returns exactly the tokens `ar` returns for the same seed and settings
     (verify="match"); verify="rejection" keeps the distribution instead. `options` tunes the
     method (max_nodes, max_depth and method-specific sizes; see docs/methods.md).
