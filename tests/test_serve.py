@@ -15,6 +15,7 @@ import pytest
 from serving import ServerThread, demo_chat
 
 import longspec
+from longspec.openai_api.responses import speculative
 from longspec.serve import ServeConfig, default_method
 
 TOOLS = [{"type": "function", "function": {
@@ -135,7 +136,7 @@ def test_predicted_output_is_drafted_and_counted_in_the_usage(client, model):
 
 
 @pytest.mark.parametrize("chat", [False, True])
-def test_streaming_equals_non_streaming(client, chat):
+def test_streaming_equals_non_streaming(client, model, chat):
     if chat:
         def create(**kw):
             return client.chat.completions.create(model="demo-chat", messages=MESSAGES,
@@ -155,8 +156,11 @@ def test_streaming_equals_non_streaming(client, chat):
     last = [c for c in chunks if c.choices][-1]
     assert last.choices[0].finish_reason == w.finish_reason
     # a stream's first step verifies the prompt's last token alone (early_first_token): the
-    # same tokens, its drafts' counts its own
-    assert last.model_extra["speculative"].keys() == whole.model_extra["speculative"].keys()
+    # same tokens, the drafts' counts of the library's run with it
+    for early, reply in ((False, whole), (True, last)):
+        ref = longspec.generate(model, MESSAGES if chat else "import os\n", max_new_tokens=30,
+                                early_first_token=early, **SAMPLED_SETTINGS)
+        assert reply.model_extra["speculative"] == speculative(ref.stats)
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 30
 
 
