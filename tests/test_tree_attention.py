@@ -22,7 +22,7 @@ from longspec.models.attention import block_layout, block_order, grouped_attenti
 from longspec.models.graphs import BATCH_GRAPHS, BatchSteps, StaticSteps
 from longspec.models.prefill import prefill
 from longspec.models.tree_attention import SPLIT, tree_attention
-from longspec.state.captures import KEPT, Captures, EagerRuns, KeptSteps
+from longspec.state.captures import Captures, EagerRuns
 from longspec.step.tree import DraftTree, TreeShape
 
 KV_HEADS, GROUP, HEAD_DIM = 2, 3, 16
@@ -179,30 +179,6 @@ def test_a_step_is_captured_where_its_recurring_pays_for_the_capture():
 
 
 @pytest.mark.slow
-def test_a_kept_cache_goes_to_the_next_generation_it_holds(triton_model):
-    net = triton_model.net
-
-    def cache(capacity):
-        made = StaticCache(net.config, capacity, net.dtype, net.device)
-        made.commit(capacity - 3)
-        return made
-
-    kept = KeptSteps()
-    small, large = cache(CHUNK - 20), cache(2 * CHUNK)
-    kept.give(large, "large's steps")
-    kept.give(small, "small's steps")
-    # the smallest whose buffers hold it (whole chunks: a few slots past its last capacity)
-    assert kept.take(CHUNK - 5) == (small, "small's steps")
-    assert (small.length, small.capacity) == (0, CHUNK - 5)
-    assert kept.take(CHUNK + 1) == (large, "large's steps") and len(kept) == 0
-    kept.give(small, "small's steps")
-    assert kept.take(CHUNK + 1) is None and len(kept) == 0     # none holds it: all let go
-    for _ in range(KEPT + 2):
-        kept.give(cache(8), None)
-    assert len(kept) == KEPT
-
-
-@pytest.mark.slow
 def test_a_generation_on_a_finished_ones_cache_and_steps_writes_what_it_writes_alone(
         triton_model):
     prompts = [[5, 9, 14, 5, 9, 22, 31] * 3, [3, 4, 5, 6] * 5]
@@ -211,10 +187,10 @@ def test_a_generation_on_a_finished_ones_cache_and_steps_writes_what_it_writes_a
     alone = longspec.generate(triton_model, prompts[1], method="ar", **kwargs).token_ids
     triton_model.state.clear()
     longspec.generate(triton_model, prompts[0], method="ar", **kwargs)
-    assert len(triton_model.state.kept_steps) == 1
+    assert len(triton_model.state.kept_caches) == 1
     after = longspec.generate(triton_model, prompts[1], method="ar", **kwargs)
     assert after.token_ids == alone
-    assert len(triton_model.state.kept_steps) == 1      # taken, and given back at its end
+    assert len(triton_model.state.kept_caches) == 1      # taken, and given back at its end
 
 
 @pytest.mark.slow

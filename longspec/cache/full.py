@@ -36,9 +36,13 @@ class StaticCache(KVCache):
         """Slots its buffers hold (its capacity rounded up to whole chunks)."""
         return self.k[0].shape[1]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(buf.numel() * buf.element_size() for buf in (*self.k, *self.v))
+
     def reuse(self, capacity: int) -> None:
         """Start over, empty, for a generation of `capacity` slots (at most `slots`): every
-        slot a generation reads it writes first."""
+        slot a generation attends to it writes first (state/kept_caches.py)."""
         self.capacity, self.length = capacity, 0
 
     def keep(self, indices: list[int]) -> None:

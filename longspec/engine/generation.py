@@ -87,10 +87,14 @@ class Engine:
         return prompt_len + self.max_new_tokens + rows + 1
 
     def check_memory(self, prompt_len: int) -> None:
-        """Raise ValueError, before anything is allocated, when the KV cache would not fit."""
-        cfg = self.model.config
-        need = self.plan_capacity(prompt_len) * cfg.kv_bytes_per_token(self.model.dtype.itemsize)
-        ensure_fits(need, self.device, f"the KV cache for {prompt_len} prompt + "
+        """Raise ValueError, before anything is allocated, when the KV cache would not fit (a
+        kept one that holds it is taken; where none does, all are let go first)."""
+        capacity = self.plan_capacity(prompt_len)
+        freed = self.model.state.kept_caches.freed_for(capacity)
+        if freed is None:
+            return
+        need = capacity * self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
+        ensure_fits(need - freed, self.device, f"the KV cache for {prompt_len} prompt + "
                     f"{self.max_new_tokens} new tokens",
                     "lower max_new_tokens or the prompt length, or use dtype bfloat16")
 
@@ -103,13 +107,11 @@ class Engine:
         spent = 0.0                 # the time of the chunks before the current one's
         capacity = self.plan_capacity(len(prompt_ids))
         state = self.model.state
-        kept = state.kept_steps.take(capacity) if graphs_wanted(self.net) else None
-        if kept is not None:
-            self.cache, self.steps = kept
-        else:
-            self.cache = StaticCache(self.model.config, capacity, self.model.dtype, self.device)
-            if graphs_wanted(self.net):
-                self.steps = StaticSteps(self.net, self.cache, state.captures)
+        kept = state.kept_caches.take(capacity)
+        self.cache, self.steps = kept or (
+            StaticCache(self.model.config, capacity, self.model.dtype, self.device), None)
+        if self.steps is None and graphs_wanted(self.net):
+            self.steps = StaticSteps(self.net, self.cache, state.captures)
         d = self.drafter
         wants_output = d.needs_prefill_logits or d.needs_hidden
         # the longest prefix an earlier sequence on this model shares is copied, not computed
@@ -258,8 +260,7 @@ class Engine:
         state.publish(calibration_key(self.method, self.sampler.config), self.sizer.calibration)
         state.step_costs.save()
         state.prompt_cache.store(self.tokens, self.cache)
-        if self.steps is not None:
-            state.kept_steps.give(self.cache, self.steps)
+        state.kept_caches.give(self.cache, self.steps)
 
     def result_stats(self) -> dict:
         return {**self.stats.as_dict(), **self.drafter.stats()}

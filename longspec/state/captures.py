@@ -5,23 +5,18 @@ captured steps kept for the generations that follow: state the generations on a 
 A capture costs the seconds of several eager runs of the step (two warm-up forwards, the
 capture, the graph's instantiation), which only its replays pay back: Captures decides, from
 how often a step may recur, when that is. A generation's graphs are captured over its own KV
-cache, so a later generation could replay them only over the same cache: KeptSteps keeps a
-finished generation's cache with its steps, and a generation whose cache fits in a kept one
-takes it, graphs and all.
+cache, so a later generation could replay them only over the same cache: a finished
+generation's cache is kept with its steps (state/kept_caches.py), and a generation whose cache
+fits in a kept one takes it, graphs and all.
 """
 
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from dataclasses import dataclass
 
 import torch
-
-# finished generations' caches (with their steps) kept on a model: a batch of up to this many
-# members, replaced as they end, takes every one of them again
-KEPT = 8
 
 
 class Captures:
@@ -112,39 +107,3 @@ def _capture(net, buckets: list, forward) -> tuple[torch.cuda.CUDAGraph, object]
         if collecting:
             gc.enable()
     return graph, out
-
-
-class KeptSteps:
-    """Finished generations' KV caches, each with its static steps (graphs.py: StaticSteps,
-    their graphs captured over that cache), kept on one model for the generations after them.
-    A generation takes the smallest kept cache whose buffers hold it (StaticCache.reuse: they
-    are allocated in whole chunks of slots, so a prompt a few tokens longer than the last
-    still fits), and its steps replay graphs an earlier generation captured: `ar`'s
-    generations one after another capture one graph in all, not one each. At most KEPT are
-    kept; where none holds a new generation, all are let go (their memory to the one allocated
-    instead). Safe to use from several threads."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._kept: list = []       # (cache, steps), the earliest kept first
-
-    def take(self, capacity: int):
-        """(cache, steps) of a kept cache of at least `capacity` slots, or None."""
-        with self._lock:
-            fits = [k for k in self._kept if k[0].slots >= capacity]
-            if not fits:
-                self._kept.clear()
-                return None
-            kept = min(fits, key=lambda k: k[0].slots)
-            self._kept.remove(kept)
-        kept[0].reuse(capacity)
-        return kept
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def give(self, cache, steps) -> None:
-        """Keep a finished generation's cache and steps."""
-        with self._lock:
-            self._kept.append((cache, steps))
-            del self._kept[:-KEPT]

@@ -17,12 +17,13 @@ use it at once:
   another's change while it runs;
 - `prompt_cache`: the keys and values of earlier sequences by token prefix, which a
   generation copies instead of computing its prompt's (state/prompt_cache.py; load_model bounds it);
-- `captures`: what capturing a static step costs on this model, in eager runs of it, and
-  `kept_steps`: finished generations' caches with their captured steps, for the generations
-  after them (state/captures.py).
+- `captures`: what capturing a static step costs on this model, in eager runs of it
+  (state/captures.py), and `kept_caches`: finished generations' KV caches (with their
+  captured steps), for the generations after them (state/kept_caches.py).
 
 None of it decides a token: the suffix index, the step costs and the hot starts only change
-which drafts are verified, and the prompt cache holds the bits a prefill would write.
+which drafts are verified, the prompt cache holds the bits a prefill would write, and a kept
+cache gives the bits a fresh one gives.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from typing import Any
 
 import torch
 
-from .captures import Captures, KeptSteps
+from .captures import Captures
+from .kept_caches import KeptCaches
 from .prompt_cache import PromptCache
 from .suffix_index import SuffixIndex, remember_output
 
@@ -167,7 +169,7 @@ class SharedState:
         self.suffix_outputs = SuffixIndex()
         self.step_costs = StepCostTable(self._lock)
         self.captures = Captures()
-        self.kept_steps = KeptSteps()
+        self.kept_caches = KeptCaches()
         self.prompt_cache = PromptCache()
         # llguidance's tokenizer for the model (outputs/grammar.py)
         self.grammar_tokenizer = None
@@ -215,5 +217,5 @@ class SharedState:
         """Forget everything (a fresh model's state)."""
         self.step_costs.clear()
         self.captures = Captures()
-        self.kept_steps = KeptSteps()
+        self.kept_caches = KeptCaches()
         self.forget_text()
