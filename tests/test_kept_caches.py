@@ -62,3 +62,30 @@ def test_a_generation_on_a_kept_cache_writes_what_it_writes_on_a_fresh_one(metho
     after = longspec.generate(target, shorter, **settings)
     assert after.stats["cached_tokens"] == 0 and after.token_ids == fresh
     assert target.state.kept_caches._kept[0][0] is cache      # taken, and given back at its end
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU's caches are allocated uninitialized")
+@pytest.mark.parametrize("dtype", ["float32", "int4"])
+@pytest.mark.parametrize("method", ["ar", "auto"])
+def test_a_cache_on_memory_holding_anything_writes_what_it_writes_on_zeros(monkeypatch, method,
+                                                                          dtype):
+    """A fresh cache's buffers are not zeroed (cache/base.py): filled with NaN, as memory an
+    earlier owner left may be, they give the same tokens, so every slot attention reads is
+    written or zeroed first."""
+    target, _ = models(dtype)
+    prompt = encode_prompt(target, prompts()["tqdm"][:700])
+    settings = {"max_new_tokens": 24, "method": method, "seed": 4, "ignore_eos": True,
+                "sampling": SETTINGS["sampling_min_p_penalty"]}
+    target.state.clear()
+    plain = longspec.generate(target, prompt, **settings).token_ids
+    made = StaticCache.__init__
+
+    def poisoned(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        assert self.finite == 0
+        for buf in (*self.k, *self.v):
+            buf.fill_(float("nan"))
+
+    monkeypatch.setattr(StaticCache, "__init__", poisoned)
+    target.state.clear()
+    assert longspec.generate(target, prompt, **settings).token_ids == plain

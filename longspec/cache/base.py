@@ -38,15 +38,37 @@ def causal_mask(q: int, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.triu(full, diagonal=1)
 
 
-class KVCache(ABC):
-    """Per-layer key/value buffers [kv_heads, capacity, head_dim]."""
+def padded(n: int) -> int:
+    """n slots rounded up to whole chunks."""
+    return -(-n // CHUNK) * CHUNK
 
-    def __init__(self, config, capacity: int, dtype: torch.dtype, device):
-        slots = -(-capacity // CHUNK) * CHUNK
-        shape = (config.num_kv_heads, slots, config.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+
+class KVCache(ABC):
+    """Per-layer key/value buffers [kv_heads, capacity, head_dim].
+
+    Attention reads the padding slots of its last chunk, which must hold finite values (they
+    get probability 0). Buffers allocated `zeroed` hold zeros everywhere; otherwise they are
+    allocated uninitialized and a plan zeroes the slots its forward reads but does not write
+    (`_finite_through`): a fresh buffer's pages cost their first touch, so the slots a
+    generation never reaches are never touched."""
+
+    def __init__(self, config, capacity: int, dtype: torch.dtype, device, zeroed: bool = True):
+        shape = (config.num_kv_heads, padded(capacity), config.head_dim)
+        make = torch.zeros if zeroed else torch.empty
+        self.k = [make(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v = [make(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.capacity = capacity
+        self.finite = shape[1] if zeroed else 0     # slots [0, finite) hold finite values
+
+    def _finite_through(self, written: int, n_keys: int) -> None:
+        """Before a forward that writes up to slot `written` and attends to [0, n_keys): zero
+        the slots past `written` that its chunks read and that may hold anything."""
+        end = padded(n_keys)
+        if end > self.finite:
+            start = max(self.finite, written)
+            for buf in (*self.k, *self.v):
+                buf[:, start:end].zero_()
+            self.finite = end
 
     @abstractmethod
     def plan(self, q: int, block_mask: torch.Tensor | None) -> AttentionPlan:

@@ -16,13 +16,17 @@ class StaticCache(KVCache):
     """
 
     def __init__(self, config, capacity: int, dtype: torch.dtype, device):
-        super().__init__(config, capacity, dtype, device)
+        # zeroed where it is cheap (a CUDA memset; captured steps read every slot)
+        super().__init__(config, capacity, dtype, device,
+                         zeroed=torch.device(device).type != "cpu")
         self.length = 0
 
     def plan(self, q: int, block_mask: torch.Tensor | None) -> AttentionPlan:
-        if self.length + q > self.capacity:
+        end = self.length + q
+        if end > self.capacity:
             raise RuntimeError(f"KV cache full: {self.length} + {q} > capacity {self.capacity}")
-        return AttentionPlan(self.length, q, self.length + q, block_mask)
+        self._finite_through(end, end)
+        return AttentionPlan(self.length, q, end, block_mask)
 
     def commit(self, n: int) -> None:
         """Keep the first n slots of the last block."""
