@@ -23,6 +23,7 @@ def test_a_kept_cache_goes_to_the_next_generation_it_holds():
 
     def cache(capacity):
         made = StaticCache(config, capacity, torch.float32, DEVICE)
+        made.plan(capacity - 3, None)
         made.commit(capacity - 3)
         return made
 
@@ -30,13 +31,13 @@ def test_a_kept_cache_goes_to_the_next_generation_it_holds():
     small, large = cache(CHUNK - 20), cache(2 * CHUNK)
     kept.give(large, "large's steps")
     kept.give(small, "small's steps")
-    assert kept.freed_for(2 * CHUNK) is None
-    # the smallest whose buffers hold it (whole chunks: a few slots past its last capacity)
+    assert kept.touched_for(2 * CHUNK) == 2 * CHUNK      # large's: it takes that one
+    # the smallest whose buffers hold it (whole chunks: slots past its last capacity)
     assert kept.take(CHUNK - 5) == (small, "small's steps")
     assert (small.length, small.capacity) == (0, CHUNK - 5)
     assert kept.take(CHUNK + 1) == (large, "large's steps") and len(kept) == 0
     kept.give(small, None)
-    assert kept.freed_for(CHUNK + 1) == small.nbytes == 2 * 3 * 2 * CHUNK * 4 * 4
+    assert kept.touched_for(CHUNK + 1) == CHUNK      # small's whole chunk: let go
     assert kept.take(CHUNK + 1) is None and len(kept) == 0     # none holds it: all let go
     for _ in range(KEPT + 2):
         kept.give(cache(8), None)

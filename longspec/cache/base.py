@@ -43,6 +43,11 @@ def padded(n: int) -> int:
     return -(-n // CHUNK) * CHUNK
 
 
+def grown(n: int) -> int:
+    """n slots rounded up to a power of two of whole chunks."""
+    return CHUNK << (-(-n // CHUNK) - 1).bit_length()
+
+
 class KVCache(ABC):
     """Per-layer key/value buffers [kv_heads, capacity, head_dim].
 
@@ -50,10 +55,14 @@ class KVCache(ABC):
     get probability 0). Buffers allocated `zeroed` hold zeros everywhere; otherwise they are
     allocated uninitialized and a plan zeroes the slots its forward reads but does not write
     (`_finite_through`): a fresh buffer's pages cost their first touch, so the slots a
-    generation never reaches are never touched."""
+    generation never reaches are never touched. Those buffers get room to grow (a power of
+    two of chunks, `grown`), which costs address space alone until a generation reaches it:
+    a finished generation's cache, kept (state/kept_caches.py), then holds the next one
+    whose context grew (an agent's next turn) on pages already touched."""
 
     def __init__(self, config, capacity: int, dtype: torch.dtype, device, zeroed: bool = True):
-        shape = (config.num_kv_heads, padded(capacity), config.head_dim)
+        shape = (config.num_kv_heads, padded(capacity) if zeroed else grown(capacity),
+                 config.head_dim)
         make = torch.zeros if zeroed else torch.empty
         self.k = [make(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         self.v = [make(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]

@@ -44,6 +44,11 @@ class StaticCache(KVCache):
     def nbytes(self) -> int:
         return sum(buf.numel() * buf.element_size() for buf in (*self.k, *self.v))
 
+    @property
+    def touched(self) -> int:
+        """Slots written or zeroed: those whose pages are the process's."""
+        return max(self.finite, self.length)
+
     def reuse(self, capacity: int) -> None:
         """Start over, empty, for a generation of `capacity` slots (at most `slots`): every
         slot a generation attends to it writes first (state/kept_caches.py)."""

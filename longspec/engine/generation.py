@@ -87,14 +87,13 @@ class Engine:
         return prompt_len + self.max_new_tokens + rows + 1
 
     def check_memory(self, prompt_len: int) -> None:
-        """Raise ValueError, before anything is allocated, when the KV cache would not fit (a
-        kept one that holds it is taken; where none does, all are let go first)."""
+        """Raise ValueError, before anything is allocated, when the KV cache would not fit (the
+        slots a kept one it takes has touched are there; where none holds it, all are let go
+        first)."""
         capacity = self.plan_capacity(prompt_len)
-        freed = self.model.state.kept_caches.freed_for(capacity)
-        if freed is None:
-            return
-        need = capacity * self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
-        ensure_fits(need - freed, self.device, f"the KV cache for {prompt_len} prompt + "
+        slots = capacity - self.model.state.kept_caches.touched_for(capacity)
+        need = slots * self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
+        ensure_fits(need, self.device, f"the KV cache for {prompt_len} prompt + "
                     f"{self.max_new_tokens} new tokens",
                     "lower max_new_tokens or the prompt length, or use dtype bfloat16")
 

@@ -29,9 +29,10 @@ class KeptCaches:
     """Finished generations' KV caches, each with its static steps (graphs.py: StaticSteps,
     captured over that cache; None where there are none), kept on one model. A generation
     takes the smallest kept cache whose buffers hold it (StaticCache.reuse: they are
-    allocated in whole chunks of slots, so a prompt a few tokens longer than the last still
-    fits). At most KEPT are kept; where none holds a new generation, all are let go (their
-    memory to the one allocated instead). Safe to use from several threads."""
+    allocated in whole chunks of slots, on the CPU with room to grow, cache/base.py, so a
+    prompt longer than the last may still fit). At most KEPT are kept; where none holds a
+    new generation, all are let go (their memory to the one allocated instead). Safe to use
+    from several threads."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -49,13 +50,15 @@ class KeptCaches:
         kept[0].reuse(capacity)
         return kept
 
-    def freed_for(self, capacity: int) -> int | None:
-        """The bytes a generation of `capacity` slots frees by taking its cache (see `take`):
-        None where a kept cache holds it (it allocates none), else what all of them hold."""
+    def touched_for(self, capacity: int) -> int:
+        """Slots already touched (StaticCache.touched) that a generation of `capacity` slots
+        reuses (see `take`): where a kept cache holds it, that one's (at most `capacity`),
+        else all of theirs (let go, their memory to the one allocated instead)."""
         with self._lock:
-            if any(cache.slots >= capacity for cache, _ in self._kept):
-                return None
-            return sum(cache.nbytes for cache, _ in self._kept)
+            fits = [cache for cache, _ in self._kept if cache.slots >= capacity]
+            if fits:
+                return min(min(fits, key=lambda c: c.slots).touched, capacity)
+            return sum(cache.touched for cache, _ in self._kept)
 
     def __len__(self) -> int:
         return len(self._kept)
