@@ -1,19 +1,19 @@
 """Finished generations' KV caches, kept on a model for the generations after them: state the
 generations on a model share (state/shared.py).
 
-A fresh cache costs more than its size says: its buffers are zeroed on pages the process has
-never touched, each faulted in, and a prompt-cache hit then copies into them (for 3,500
-tokens of a 1.5B model's cache on two cores, 30 ms to zero a 5,600-slot cache and 64 ms to
-restore into it, one time in several 250 ms to zero, against 28 ms to restore into a kept
-cache's buffers). That is most of what an agent's next turn waits for before its first
-token, when its prompt is all cached but for the turn's own tokens. And where the target's
-steps are captured as CUDA graphs (models/graphs.py), a cache carries its captured steps,
-which replay over its buffers only: `ar`'s generations one after another then capture one
-graph in all, not one each.
+A fresh cache costs more than its size says: its pages are the process's only once touched,
+each faulted in. Behind `longspec serve` on two cores, an agent's second turn (3,549 of its
+3,591 tokens in the prompt cache, a 1.5B model) spent 265-300 ms zeroing a fresh 6,656-slot
+cache and 87 ms restoring its prefix into it; on uninitialized buffers the restore alone
+took 148-199 ms; into a kept cache's touched pages, 29-38 ms. That was most of what the turn
+waited for before its first token. And where the target's steps are captured as CUDA graphs
+(models/graphs.py), a cache carries its captured steps, which replay over its buffers only:
+`ar`'s generations one after another then capture one graph in all, not one each.
 
-A kept cache's slots hold an earlier generation's keys and values, all finite; a generation
-writes every slot it attends to, and the padding slots past them that attention's chunks read
-get probability 0 (models/attention.py), so a kept cache gives the bits a fresh one gives.
+A kept cache's slots hold an earlier generation's keys and values or zeros, all finite; a
+generation writes every slot it attends to, and the padding slots past them that attention's
+chunks read (zeroed where untouched, cache/base.py) get probability 0 (models/attention.py),
+so a kept cache gives the bits a fresh one gives.
 """
 
 from __future__ import annotations
