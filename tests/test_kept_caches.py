@@ -90,3 +90,17 @@ def test_a_cache_on_memory_holding_anything_writes_what_it_writes_on_zeros(monke
     monkeypatch.setattr(StaticCache, "__init__", poisoned)
     target.state.clear()
     assert longspec.generate(target, prompt, **settings).token_ids == plain
+
+
+def test_a_draft_models_cache_is_kept_for_its_next_generation():
+    target, draft = models("float32")
+    prompt = encode_prompt(target, prompts()["tqdm"][:500])
+    settings = {"max_new_tokens": 24, "method": "draft", "draft_model": draft, "seed": 4,
+                "ignore_eos": True, "sampling": SETTINGS["sampling_min_p_penalty"]}
+    draft.state.clear()
+    fresh = longspec.generate(target, prompt, **settings).token_ids
+    (cache, steps), = draft.state.kept_caches._kept
+    assert steps is None
+    draft.state.prompt_cache.clear()
+    assert longspec.generate(target, prompt, **settings).token_ids == fresh
+    assert draft.state.kept_caches._kept == [(cache, None)]     # taken, and given back

@@ -23,7 +23,6 @@ import time
 import torch
 
 from ..cache import StaticCache
-from ..device.memory import ensure_fits
 from ..step.sizing import Calibration, Sizer, StepCost
 from ..step.tree import DraftTree, TreeShape, TrieBuilder
 from .base import Budget, TrieDrafter
@@ -75,9 +74,12 @@ class DraftModelDrafter(TrieDrafter):
         self.target = target
         self.sampler = sampler
         self.device = target.device
-        ensure_fits(capacity * draft.config.kv_bytes_per_token(draft.dtype.itemsize), draft.device,
-                    "the draft model's KV cache", "lower max_new_tokens")
-        cache = StaticCache(draft.config, capacity, draft.dtype, draft.device)
+        # a cache an earlier generation on the draft model left (state/kept_caches.py)
+        self.kept = draft.state.kept_caches
+        self.kept.ensure_fits(capacity, draft.config.kv_bytes_per_token(draft.dtype.itemsize),
+                              draft.device, "the draft model's KV cache", "lower max_new_tokens")
+        cache, _ = self.kept.take(capacity) or (
+            StaticCache(draft.config, capacity, draft.dtype, draft.device), None)
         self.chain = ChainModel(draft.net, cache, vocab=vocab)
         self.prompt_cache = draft.state.prompt_cache
         # what the draft's chances are worth, as the engine calibrates them, and the target's
@@ -98,6 +100,7 @@ class DraftModelDrafter(TrieDrafter):
     def finish(self, tokens: list[int]) -> None:
         # after `observe`, the cache's slots hold the committed tokens' keys and values only
         self.prompt_cache.store(tokens[:self.chain.fed], self.chain.cache)
+        self.kept.give(self.chain.cache, None)
 
     def _pays(self, cost: StepCost, drafted: int, worth: float) -> bool:
         """Whether a draft more (drafted + 1 of them, a target step over drafted + 2 nodes),

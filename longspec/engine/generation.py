@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from ..cache import StaticCache
-from ..device.memory import ensure_fits, upload
+from ..device.memory import upload
 from ..drafters.base import Budget, Drafter
 from ..models.graphs import StaticSteps, graphs_wanted
 from ..models.loader import Model
@@ -91,11 +91,10 @@ class Engine:
         slots a kept one it takes has touched are there; where none holds it, all are let go
         first)."""
         capacity = self.plan_capacity(prompt_len)
-        slots = capacity - self.model.state.kept_caches.touched_for(capacity)
-        need = slots * self.model.config.kv_bytes_per_token(self.model.dtype.itemsize)
-        ensure_fits(need, self.device, f"the KV cache for {prompt_len} prompt + "
-                    f"{self.max_new_tokens} new tokens",
-                    "lower max_new_tokens or the prompt length, or use dtype bfloat16")
+        self.model.state.kept_caches.ensure_fits(
+            capacity, self.model.config.kv_bytes_per_token(self.model.dtype.itemsize),
+            self.device, f"the KV cache for {prompt_len} prompt + {self.max_new_tokens} new "
+            "tokens", "lower max_new_tokens or the prompt length, or use dtype bfloat16")
 
     def starting(self, prompt_ids: list[int], max_chunk: int | None = None
                  ) -> Generator[None, None, None]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import threading
 
+from ..device.memory import ensure_fits
+
 # finished generations' caches kept on a model: a batch of up to this many members, replaced
 # as they end, takes every one of them again
 KEPT = 8
@@ -59,6 +61,12 @@ class KeptCaches:
             if fits:
                 return min(min(fits, key=lambda c: c.slots).touched, capacity)
             return sum(cache.touched for cache, _ in self._kept)
+
+    def ensure_fits(self, capacity: int, slot_bytes: int, device, what: str, fix: str) -> None:
+        """Raise ValueError (device/memory.py: ensure_fits) when a cache of `capacity` slots of
+        `slot_bytes` each would not fit, less what the kept cache it takes, or all of them
+        where none holds it, already touched (`touched_for`)."""
+        ensure_fits((capacity - self.touched_for(capacity)) * slot_bytes, device, what, fix)
 
     def __len__(self) -> int:
         return len(self._kept)
