@@ -135,7 +135,7 @@ class Stream:
         self._bar = ProgressBar(self.engine.max_new_tokens, enabled=self.progress)
         batch = Batch(self.model)
         try:
-            batch.join(self)
+            yield from batch.join(self)
             while batch.members:
                 for _, item in batch.step():
                     if isinstance(item, Exception):

@@ -26,8 +26,10 @@ def run_streams(model, streams: Iterable[Stream], max_batch: int
         while following is not None or batch.members:
             while following is not None and len(batch) < max_batch:
                 stream, following = following, next(waiting, None)
-                batch.join(stream)
-                if stream.result is not None:       # it had nothing left to generate
+                firsts = batch.join(stream)     # a first step its prefill took
+                for chunk in firsts:
+                    yield stream, chunk
+                if not firsts and stream.result is not None:    # nothing left to generate
                     yield stream, Chunk([], "")
             if batch.members:
                 batch.closed = following is None

@@ -21,6 +21,7 @@ from helpers import DEVICE
 
 import longspec
 from longspec.bench.prompts import default_prompt_text
+from longspec.request import encode_prompt
 
 S = longspec.SamplingConfig
 SETTINGS = {
@@ -185,3 +186,31 @@ def test_an_early_first_token_is_a_step_of_one_row():
 
     (late, _), (early, after) = rows(False), rows(True)
     assert late > 1 and early == 1 and after > 1
+
+
+@pytest.mark.parametrize(("method", "early"), [("ar", False), ("auto", True), ("auto", False)])
+def test_a_plain_first_step_is_taken_from_the_prefill(monkeypatch, method, early):
+    """Where the first step verifies the prompt's last token alone (plain decoding; a plain
+    first step asked for), that token goes through the prefill and the first token comes with
+    no forward of its own (Engine._first_step_in_prefill); where it drafts, it has its own."""
+    target, _ = models()
+    prompt = encode_prompt(target, prompts()["tqdm"][:300])
+    rows = []
+    forward = target.net.forward
+
+    def counted(tokens, *args, **kwargs):
+        rows.append(len(tokens))
+        return forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(target.net, "forward", counted)
+    target.state.prompt_cache.clear()
+    s = longspec.stream(target, prompt, max_new_tokens=8, method=method, ignore_eos=True,
+                        options={**FIXED, "gate": "off"} if method == "auto" else None,
+                        sampling=SETTINGS["greedy_penalty"], early_first_token=early)
+    first = next(iter(s))
+    s.close()
+    assert first.token_ids
+    if method == "ar" or early:
+        assert rows == [len(prompt)]        # one chunk of the prompt, its last token included
+    else:
+        assert rows[0] == len(prompt) - 1 and len(rows) == 2     # then the step's tree

@@ -83,13 +83,18 @@ class Batch:
     def __len__(self) -> int:
         return len(self.members) + len(self.joining)
 
-    def join(self, stream: Stream) -> None:
+    def join(self, stream: Stream) -> list[Chunk]:
         """Start the stream's generation (its whole prefill, now) and step it with the others
-        from the next step; a generation with nothing left to do ends at once."""
+        from the next step; a generation with nothing left to do ends at once. The chunk of
+        a first step its prefill took (Engine.first), if any."""
         self.admit(stream, None)
+        chunks = []
         while any(s is stream for s, _ in self.joining):
-            for _, error in self._prefill_chunk(whole=True):
-                raise error
+            for _, item in self._prefill_chunk(whole=True):
+                if isinstance(item, Exception):
+                    raise item
+                chunks.append(item)
+        return chunks
 
     def admit(self, stream: Stream, max_chunk: int | None = ADMISSION_CHUNK) -> None:
         """Let the stream join: its prefill runs a chunk (`max_chunk` tokens; None: a plain
@@ -106,10 +111,11 @@ class Batch:
         self._share_calibration(stream.engine)
         self.members.append(stream)
 
-    def _prefill_chunk(self, whole: bool = False) -> list[tuple[Stream, Exception]]:
+    def _prefill_chunk(self, whole: bool = False) -> list[tuple[Stream, Chunk | Exception]]:
         """One chunk of the first joining stream's prefill (all of it while no member waits,
-        or when `whole`); a stream whose prefill ends becomes a member. The streams whose
-        prefill failed (they left)."""
+        or when `whole`); a stream whose prefill ends becomes a member. The chunk of a stream
+        whose prefill took its first step (Engine.first), or the exception of one whose
+        prefill failed (it left)."""
         stream, starting = self.joining[0]
         try:
             while True:
@@ -124,7 +130,11 @@ class Batch:
             stream.end(False)
             self._close_memory_if_idle()
             return [(stream, e)]
-        return []
+        engine = stream.engine
+        if engine.first is None:
+            return []
+        first, engine.first = engine.first, None
+        return [self._handed_out(stream, first)]
 
     def _share_calibration(self, engine: Engine) -> None:
         """A member of the method and sampling setting of one already here learns and reads
@@ -176,14 +186,17 @@ class Batch:
                 log.exception("a generation's finish failed while its batch closed")
 
     def step(self) -> list[tuple[Stream, Chunk | Exception]]:
-        """A chunk of a joining stream's prefill (admit), then one step of every member: each
-        stream's chunk of new tokens, or the exception that ended its generation. A fault in a
+        """A chunk of a joining stream's prefill (admit), then one step of every member (but
+        one whose first step that prefill took): each stream's chunk of new tokens, or the
+        exception that ended its generation. A fault in a
         member's own part of the step (its prefill, drafting, sizing, judging, committing, text
         or finish) ends that generation alone; one in the forward they share ends them all.
         Members that are done or failed leave."""
         joined = self._prefill_chunk() if self.joining else []
         begin = time.perf_counter()
-        members = list(self.members)
+        # a member whose first step its prefill just took (its chunk in `joined`) steps from
+        # the next step on: that token goes out with this step's, not after its next one
+        members = [s for s in self.members if all(s is not j for j, _ in joined)]
         if not members:
             return joined
         failed: dict[int, Exception] = {}       # by id(engine)
@@ -195,22 +208,31 @@ class Batch:
         out: list[tuple[Stream, Chunk | Exception]] = list(joined)
         for stream in members:
             engine = stream.engine
-            if id(engine) not in failed:
-                try:
-                    engine.stats.decode_s += seconds
-                    chunk = stream.take(news[id(engine)])
-                    if engine.done:
-                        self.leave(stream, True)
-                    out.append((stream, chunk))
-                    continue
-                except Exception as e:  # noqa: BLE001 (handed to the caller with its stream)
-                    failed[id(engine)] = e
-            try:
-                self.leave(stream, False)
-            except Exception:   # the generation failed already: this adds nothing
-                log.exception("a failed generation's finish failed too")
-            out.append((stream, failed[id(engine)]))
+            if id(engine) in failed:
+                out.append(self._failed(stream, failed[id(engine)]))
+                continue
+            engine.stats.decode_s += seconds
+            out.append(self._handed_out(stream, news[id(engine)]))
         return out
+
+    def _handed_out(self, stream: Stream, new: list[int]) -> tuple[Stream, Chunk | Exception]:
+        """The chunk of what a member's step committed (it leaves when done), or the exception
+        that ended it there."""
+        try:
+            chunk = stream.take(new)
+            if stream.engine.done:
+                self.leave(stream, True)
+            return stream, chunk
+        except Exception as e:  # noqa: BLE001 (handed to the caller with its stream)
+            return self._failed(stream, e)
+
+    def _failed(self, stream: Stream, error: Exception) -> tuple[Stream, Exception]:
+        """A member whose generation failed, gone."""
+        try:
+            self.leave(stream, False)
+        except Exception:   # the generation failed already: this adds nothing
+            log.exception("a failed generation's finish failed too")
+        return stream, error
 
     def _step(self, engines: list[Engine], failed: dict[int, Exception]
               ) -> dict[int, list[int]]:

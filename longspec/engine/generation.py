@@ -75,6 +75,9 @@ class Engine:
         self.logprobs: list[dict] = []
         # the first step plain where the drafter can skip one (Request.early_first_token)
         self.early_first_token = False
+        # what a first step taken from the prefill's last row committed, not yet handed out
+        # (starting: _first_step_in_prefill)
+        self.first: list[int] | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -116,14 +119,24 @@ class Engine:
         # (state/prompt_cache.py: the same bits); the drafters observe the rest
         prompt_cache = state.prompt_cache
         cached = prompt_cache.restore(prompt_ids[:-1], self.cache)
-        for _ in prefilling(self.net, prompt_ids[cached:-1], self.cache, cached,
+        folded = self._first_step_in_prefill()
+        chunks = prefilling(self.net, prompt_ids[cached:len(prompt_ids) - 1 + folded],
+                            self.cache, cached, last_logits=int(folded),
                             need_logits=d.needs_prefill_logits, return_hidden=d.needs_hidden,
                             on_chunk=d.observe_prefill if wants_output else None,
-                            max_chunk=max_chunk):
+                            max_chunk=max_chunk)
+        while True:
+            try:
+                next(chunks)
+            except StopIteration as end:
+                logits = end.value      # the last row's, where folded
+                break
             self._sync()
             spent += time.perf_counter() - begin
             yield
             begin = time.perf_counter()
+        if folded:      # the last token's keys stay in its slot, as a step's stay till commit
+            self.cache.rollback(self.cache.length - 1)
         prompt_cache.store(prompt_ids, self.cache)
         self.tokens = list(prompt_ids)
         self.sampler.commit(prompt_ids)
@@ -132,6 +145,23 @@ class Engine:
         self.stats.prefill_s = spent + time.perf_counter() - begin
         self.started = time.perf_counter() - self.stats.prefill_s
         self.stats.cached_tokens = cached
+        if folded:
+            d.plain_step()
+            tree = DraftTree.chain(self.tokens[-1:], self.device)
+            self.first = self.commit(tree, *self.judge(tree, ForwardOutput(logits, None), 0.0))
+
+    def _first_step_in_prefill(self) -> bool:
+        """Whether the first step is taken from the prefill's last row: where it would verify
+        the prompt's last token alone (plain decoding; a plain first step, early_first_token)
+        and needs nothing of a forward but that row's logits (no hidden states, no forced
+        tokens). The prefill then takes that token too, and the step no forward of its own:
+        its token comes one pass over the weights sooner (llama.cpp samples the first token
+        from the prompt's batch too). The same bits: a row is what it is in a prompt's chunk
+        or alone (the row check)."""
+        d = self.drafter
+        plain = d.plain_steps and (self.budget.max_nodes == 1 or self.early_first_token)
+        return (plain and not d.needs_hidden and not d.needs_prefill_logits
+                and self.sampler.grammar is None)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
