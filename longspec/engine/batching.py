@@ -188,10 +188,10 @@ class Batch:
     def step(self) -> list[tuple[Stream, Chunk | Exception]]:
         """A chunk of a joining stream's prefill (admit), then one step of every member (but
         one whose first step that prefill took): each stream's chunk of new tokens, or the
-        exception that ended its generation. A fault in a
-        member's own part of the step (its prefill, drafting, sizing, judging, committing, text
-        or finish) ends that generation alone; one in the forward they share ends them all.
-        Members that are done or failed leave."""
+        exception that ended its generation. A fault in a member's own part of the step (its
+        prefill, drafting, sizing, judging, committing, text or finish) ends that generation
+        alone; one in the forward they share ends them all. Members that are done or failed
+        leave."""
         joined = self._prefill_chunk() if self.joining else []
         begin = time.perf_counter()
         # a member whose first step its prefill just took (its chunk in `joined`) steps from

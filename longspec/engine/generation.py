@@ -9,6 +9,9 @@ parts in turn:
     target, verdict = engine.judge(tree, out)   # the target's choices; the one host transfer
     new = engine.commit(tree, target, verdict)  # the only place that changes state
 
+A first step that would verify the prompt's last token alone takes its output from the
+prefill's last row instead, with no forward of its own (`starting`).
+
 The engine owns the KV cache, the sampling state and the stop rules; it prints nothing.
 """
 
