@@ -69,15 +69,14 @@ class KVCache(ABC):
         self.capacity = capacity
         self.finite = shape[1] if zeroed else 0     # slots [0, finite) hold finite values
 
-    def _finite_through(self, written: int, n_keys: int) -> None:
-        """Before a forward that writes up to slot `written` and attends to [0, n_keys): zero
-        the slots past `written` that its chunks read and that may hold anything."""
-        end = padded(n_keys)
-        if end > self.finite:
-            start = max(self.finite, written)
+    def _finite_through(self, end: int) -> None:
+        """Before a forward that writes its block up to slot `end` and attends to [0, end):
+        zero the slots past `end` that its last chunk reads and that may hold anything."""
+        read = padded(end)
+        if read > self.finite:
             for buf in (*self.k, *self.v):
-                buf[:, start:end].zero_()
-            self.finite = end
+                buf[:, max(self.finite, end):read].zero_()
+            self.finite = read
 
     @abstractmethod
     def plan(self, q: int, block_mask: torch.Tensor | None) -> AttentionPlan:

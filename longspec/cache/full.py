@@ -25,7 +25,7 @@ class StaticCache(KVCache):
         end = self.length + q
         if end > self.capacity:
             raise RuntimeError(f"KV cache full: {self.length} + {q} > capacity {self.capacity}")
-        self._finite_through(end, end)
+        self._finite_through(end)
         return AttentionPlan(self.length, q, end, block_mask)
 
     def commit(self, n: int) -> None:
@@ -39,10 +39,6 @@ class StaticCache(KVCache):
     def slots(self) -> int:
         """Slots its buffers hold (its capacity rounded up to whole chunks)."""
         return self.k[0].shape[1]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(buf.numel() * buf.element_size() for buf in (*self.k, *self.v))
 
     @property
     def touched(self) -> int:

@@ -40,14 +40,19 @@ class KeptCaches:
         self._lock = threading.Lock()
         self._kept: list = []       # (cache, steps), the earliest kept first
 
+    def _holding(self, capacity: int):
+        """The smallest kept (cache, steps) of at least `capacity` slots, or None (under the
+        lock)."""
+        fits = [k for k in self._kept if k[0].slots >= capacity]
+        return min(fits, key=lambda k: k[0].slots) if fits else None
+
     def take(self, capacity: int):
         """(cache, steps) of a kept cache of at least `capacity` slots, or None."""
         with self._lock:
-            fits = [k for k in self._kept if k[0].slots >= capacity]
-            if not fits:
+            kept = self._holding(capacity)
+            if kept is None:
                 self._kept.clear()
                 return None
-            kept = min(fits, key=lambda k: k[0].slots)
             self._kept.remove(kept)
         kept[0].reuse(capacity)
         return kept
@@ -57,9 +62,9 @@ class KeptCaches:
         reuses (see `take`): where a kept cache holds it, that one's (at most `capacity`),
         else all of theirs (let go, their memory to the one allocated instead)."""
         with self._lock:
-            fits = [cache for cache, _ in self._kept if cache.slots >= capacity]
-            if fits:
-                return min(min(fits, key=lambda c: c.slots).touched, capacity)
+            kept = self._holding(capacity)
+            if kept is not None:
+                return min(kept[0].touched, capacity)
             return sum(cache.touched for cache, _ in self._kept)
 
     def ensure_fits(self, capacity: int, slot_bytes: int, device, what: str, fix: str) -> None:
